@@ -1,0 +1,360 @@
+"""The server under test: start it (pinned, in its own process group), wait until it is
+ready, stop/restart it, or attach to one the user started.
+
+Readiness is judged by status code only (Triton and MLServer send empty bodies).
+Everything is stopped by pid, never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from harness.errors import ConfigError, TargetUnavailable
+
+READY_PATH = "/v2/health/ready"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free on ``host`` right now (there is a small race, as always)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def available_cores() -> tuple[int, ...]:
+    """Cores this process may run on (its affinity), not ``os.cpu_count()``."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """Which cores the SUT and the load generator get. ``shared`` when they overlap."""
+
+    sut: tuple[int, ...]
+    loadgen: tuple[int, ...]
+
+    @property
+    def shared(self) -> bool:
+        return bool(set(self.sut) & set(self.loadgen))
+
+    def as_dict(self) -> dict:
+        return {"sut": list(self.sut), "loadgen": list(self.loadgen), "shared": self.shared}
+
+
+def choose_cores(available: Sequence[int] | None = None, sut_count: int | None = None) -> CoreSplit:
+    """Give the SUT the highest-numbered ``sut_count`` cores and the load generator the rest.
+
+    Default ``sut_count`` is half the cores rounded up (2 cores: SUT on 1, load on 0). With a
+    single core, or ``sut_count`` equal to every core, both share all of them.
+    """
+    cores = tuple(sorted(available if available is not None else available_cores()))
+    if not cores:
+        raise ConfigError("cores: no CPU cores available to split; valid: at least one core")
+    n = len(cores)
+    if sut_count is None:
+        sut_count = (n + 1) // 2 if n > 1 else 1
+    if not 1 <= sut_count <= n:
+        raise ConfigError(f"sut_cores has value {sut_count}. Valid: 1..{n} (cores {list(cores)})")
+    if sut_count == n:
+        return CoreSplit(sut=cores, loadgen=cores)
+    return CoreSplit(sut=cores[n - sut_count :], loadgen=cores[: n - sut_count])
+
+
+def parse_cores(text: str) -> tuple[int, ...]:
+    """``"0,2-3"`` → ``(0, 2, 3)`` (taskset -c syntax)."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.update(range(int(lo), int(hi) + 1))
+            elif part:
+                out.add(int(part))
+    except ValueError:
+        raise ConfigError(f"cores has value {text!r}. Valid: a list like '1' or '0,2-3'") from None
+    if not out:
+        raise ConfigError(f"cores has value {text!r}. Valid: a list like '1' or '0,2-3'")
+    return tuple(sorted(out))
+
+
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its live descendants (empty if ``pid`` is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        return [pid] + [c.pid for c in proc.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+
+
+def _poll_ready(url: str, timeout_s: float) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except urllib.error.HTTPError:
+        return False
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class AttachedSut:
+    """A server the user started; we watch it by pid but never start or stop it."""
+
+    can_restart = False
+
+    def __init__(self, pid: int, url: str | None = None) -> None:
+        if not psutil.pid_exists(pid):
+            raise TargetUnavailable(
+                f"--sut-pid has value {pid}: no such process. Give the pid of the running server"
+            )
+        self.pid = pid
+        self.url = url
+        self.cmd = " ".join(psutil.Process(pid).cmdline())
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return tuple(sorted(os.sched_getaffinity(self.pid)))
+
+    def pids(self) -> list[int]:
+        return tree_pids(self.pid)
+
+    def alive(self) -> bool:
+        return bool(tree_pids(self.pid))
+
+
+def attach(pid: int, url: str | None = None) -> AttachedSut:
+    """Watch a server the user started (``--sut-pid``)."""
+    return AttachedSut(pid, url)
+
+
+class SutProcess:
+    """Start a server command and own it until ``stop()``.
+
+    ``cmd`` is a template: ``{port}`` and ``{threads}`` are filled in. The process gets its
+    own process group and, when ``cores`` is given, an affinity every thread inherits
+    (``taskset -c`` when present, else ``sched_setaffinity`` before exec).
+    """
+
+    can_restart = True
+
+    def __init__(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        port: int | None = None,
+        threads: int = 1,
+        host: str = "127.0.0.1",
+        cores: Iterable[int] | None = None,
+        env: dict[str, str] | None = None,
+        log_path: str | Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.template = cmd
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.threads = threads
+        self.cores = tuple(sorted(cores)) if cores is not None else None
+        self.env = env
+        self._clock = clock
+        self._log_path = Path(log_path) if log_path else None
+        self._log_file = None
+        self._popen: subprocess.Popen | None = None
+        self.spawned_at: float | None = None
+        self.argv = self._fill(cmd)
+        self.cmd = shlex.join(self.argv)
+
+    def _fill(self, cmd: str | Sequence[str]) -> list[str]:
+        fields = {"port": self.port, "threads": self.threads}
+        try:
+            if isinstance(cmd, str):
+                return shlex.split(cmd.format(**fields))
+            return [str(a).format(**fields) for a in cmd]
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(
+                f"--sut-cmd has value {cmd!r}: bad placeholder {e}. Valid placeholders: {{port}}, {{threads}}"
+            ) from None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self._popen is None:
+            raise TargetUnavailable(f"server {self.cmd!r} was not started; call start() first")
+        return self._popen.pid
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    def pids(self) -> list[int]:
+        return tree_pids(self.pid) if self._popen is not None else []
+
+    def alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def start(self) -> SutProcess:
+        if self.alive():
+            return self
+        if self._log_path is None:
+            fd, name = tempfile.mkstemp(prefix="harness-sut-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        self._log_file = open(self._log_path, "ab")  # noqa: SIM115 (held until stop)
+        argv = list(self.argv)
+        preexec = None
+        if self.cores is not None:
+            cores = self.cores
+            if shutil.which("taskset"):
+                argv = ["taskset", "-c", ",".join(map(str, cores)), *argv]
+            else:
+
+                def preexec() -> None:  # runs in the child between fork and exec
+                    os.sched_setaffinity(0, cores)
+
+        try:
+            self._popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,  # own process group: a Ctrl-C to us is not sent to it
+                preexec_fn=preexec,
+            )
+        except OSError as e:
+            raise TargetUnavailable(
+                f"could not start server {self.cmd!r}: {e}. Check --sut-cmd (the executable and its path)"
+            ) from None
+        self.spawned_at = self._clock()
+        return self
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines the server wrote (stdout and stderr share one log)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with open(self._log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            data = f.read().decode("utf-8", "replace")
+        return "\n".join(data.splitlines()[-lines:])
+
+    def wait_ready(
+        self, url: str | None = None, timeout: float = 60.0, poll_s: float = 0.05
+    ) -> float:
+        """Poll the readiness URL until 200; return seconds from spawn to the first 200."""
+        ready_url = url or self.url + READY_PATH
+        if self._popen is None or self.spawned_at is None:
+            self.start()
+        assert self._popen is not None and self.spawned_at is not None
+        deadline = self.spawned_at + timeout
+        while True:
+            code = self._popen.poll()
+            if code is not None:
+                raise TargetUnavailable(
+                    f"server {self.cmd!r} exited with code {code} before {ready_url} answered 200. "
+                    f"Fix the command or the server; its last output:\n{self.tail()}"
+                )
+            if _poll_ready(ready_url, timeout_s=min(2.0, max(0.1, timeout))):
+                return self._clock() - self.spawned_at
+            now = self._clock()
+            if now >= deadline:
+                raise TargetUnavailable(
+                    f"server {self.cmd!r} (pid {self._popen.pid}) did not answer 200 at {ready_url} "
+                    f"within {timeout:.0f} s. Raise the ready timeout or check the port/readiness "
+                    f"path; its last output:\n{self.tail()}"
+                )
+            time.sleep(min(poll_s, max(0.0, deadline - now)))
+
+    def kill(self) -> None:
+        """SIGKILL the server and its children at once (chaos); no grace period."""
+        if self._popen is None:
+            return
+        for p in reversed(self.pids()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        self._reap(5.0)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL what is left. Returns the exit code."""
+        if self._popen is None:
+            return None
+        try:
+            if self._popen.poll() is None:
+                family = self.pids()
+                # A stopped (paused) server cannot handle SIGTERM: continue it first.
+                for p in family:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._popen.pid, signal.SIGTERM)
+                try:
+                    self._popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self._popen.pid, signal.SIGKILL)
+                    self._popen.wait(5.0)
+                # Children the server left behind (it should have reaped them).
+                for p in family[1:]:
+                    with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                        if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                            os.kill(p, signal.SIGKILL)
+            return self._popen.returncode
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+    def _reap(self, timeout: float) -> None:
+        assert self._popen is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout)
+
+    def restart(self, ready_timeout: float | None = None) -> float | None:
+        """Stop (if running) and start again on the same port and cores.
+
+        Returns seconds to ready when ``ready_timeout`` is given, else None.
+        """
+        self.stop()
+        self._popen = None
+        self.start()
+        if ready_timeout is not None:
+            return self.wait_ready(timeout=ready_timeout)
+        return None
+
+    def __enter__(self) -> SutProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def describe(self) -> dict:
+        return {
+            "target": self.url,
+            "pid": self._popen.pid if self._popen else None,
+            "cmd": self.cmd,
+            "cores": list(self.cores) if self.cores is not None else None,
+        }
+
+
+def python_cmd(*args: str) -> list[str]:
+    """``[sys.executable, *args]``: start a Python server with this interpreter."""
+    return [sys.executable, *args]
