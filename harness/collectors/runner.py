@@ -1,0 +1,187 @@
+"""One sampling session: process + system samplers on one tick schedule, the metrics
+scraper on its own thread, files streamed to ``out_dir`` and ``sampler.json`` at both ends.
+
+This is what ``harness sample`` runs (standalone, or as a subprocess of the Locust plugin).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.collectors.live import format_live
+from harness.collectors.loop import TickLoop
+from harness.collectors.metrics import DEFAULT_EXCLUDE, DEFAULT_MATCH, MetricsScraper, ScrapeConfig
+from harness.collectors.process import HZ, ProcessSampler
+from harness.collectors.system import SystemSampler, default_loadgen_pids, fixed_pids
+from harness.errors import ConfigError, TargetUnavailable
+
+SAMPLER_SCHEMA = "harness.sampler/1"
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    pid: int
+    out_dir: str
+    interval_s: float = 1.0
+    duration_s: float | None = None
+    include_children: bool = True
+    uss_every_s: float = 10.0
+    metrics_url: str | None = None
+    metrics_interval_s: float | None = None  # default: interval_s
+    metrics_match: str = DEFAULT_MATCH
+    metrics_exclude: str | None = DEFAULT_EXCLUDE
+    loadgen_pids: tuple[int, ...] | None = None  # None: the sampler's parent process tree
+    stop_when_target_exits: bool = True
+
+    def validate(self) -> SamplerConfig:
+        if not self.interval_s > 0:
+            raise ConfigError(f"--interval has value {self.interval_s}. Valid: seconds > 0")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ConfigError(f"--duration has value {self.duration_s}. Valid: seconds > 0")
+        if self.pid <= 0:
+            raise ConfigError(f"--pid has value {self.pid}. Valid: a running process id")
+        return self
+
+
+class SamplingSession:
+    """Run the samplers until ``stop`` is set, the duration ends, or the target exits."""
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        stop: threading.Event | None = None,
+        live: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config.validate()
+        if not os.path.exists(f"/proc/{config.pid}/stat"):
+            raise TargetUnavailable(
+                f"--pid has value {config.pid}: no such process. Give the pid of the running server"
+            )
+        self.out = Path(config.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.clock, self.wall = clock, wall
+        self.stop = stop or threading.Event()
+        self.live = live
+        self.target_exited = False
+        self.process = ProcessSampler(
+            config.pid,
+            self.out,
+            include_children=config.include_children,
+            uss_every_s=config.uss_every_s,
+        )
+        lg = (
+            fixed_pids(config.loadgen_pids)
+            if config.loadgen_pids is not None
+            else default_loadgen_pids(exclude=[config.pid])
+        )
+        self.system = SystemSampler(self.out, loadgen_pids=lg)
+        self.scraper = None
+        if config.metrics_url:
+            self.scraper = MetricsScraper(
+                ScrapeConfig(
+                    url=config.metrics_url,
+                    interval_s=config.metrics_interval_s or config.interval_s,
+                    match=config.metrics_match,
+                    exclude=config.metrics_exclude,
+                ),
+                self.out,
+                clock=clock,
+                wall=wall,
+            )
+        self.loop = TickLoop(config.interval_s, clock=clock, wall=wall, stop=self.stop)
+        try:
+            self.sut_cores = sorted(os.sched_getaffinity(config.pid))
+        except OSError:
+            self.sut_cores = None
+
+    def _on_tick(self, t: float, late: float) -> None:
+        ts = self.wall()
+        tick = self.process.sample(t, ts, late)
+        self.system.sample(t, ts, late)
+        if self.live is not None and tick is not None:
+            self.live(format_live(tick, self.process.last_threads))
+        if self.config.stop_when_target_exits and tick is not None and tick.pid_count == 0:
+            self.target_exited = True
+            self.stop.set()
+
+    def run(self) -> dict:
+        t0 = self.loop.start()
+        self.process.baseline(self.clock() - t0)
+        self.system.baseline(self.clock() - t0)
+        self._write_meta(running=True)
+        if self.scraper is not None:
+            self.scraper.start(t0, self.stop)
+        try:
+            self.loop.run(self._on_tick, self.config.duration_s)
+        finally:
+            self.stop.set()
+            if self.scraper is not None:
+                self.scraper.join(self.config.interval_s + 5.0)
+                self.scraper.close()
+            self.process.close()
+            self.system.close()
+            meta = self._write_meta(running=False)
+        return meta
+
+    def _write_meta(self, running: bool) -> dict:
+        s = self.loop.stats
+        stopped = s.stopped_unix if not running else None
+        meta = {
+            "schema": SAMPLER_SCHEMA,
+            "running": running,
+            "pid": self.config.pid,
+            "interval_s": self.config.interval_s,
+            "config": asdict(self.config),
+            "hz": HZ,
+            "has_schedstat": self.process.has_schedstat,
+            "cores": {"sut": self.sut_cores, "system": self.system.cores},
+            "started_unix": s.started_unix,
+            "stopped_unix": stopped,
+            "duration_s": (s.stopped_mono - s.started_mono)
+            if (not running and s.stopped_mono is not None)
+            else None,
+            "ticks": s.ticks,
+            "missed_ticks": s.missed,
+            "max_late_s": round(s.max_late_s, 6),
+            "target_exited": self.target_exited,
+            "metrics": None
+            if self.scraper is None
+            else {
+                "url": self.scraper.config.url,
+                "scrapes": self.scraper.scrapes,
+                "errors": self.scraper.errors,
+                "last_error": self.scraper.last_error,
+            },
+            "summary": None if running else _summary(self.process),
+        }
+        tmp = self.out / "sampler.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, self.out / "sampler.json")
+        return meta
+
+
+def _summary(process: ProcessSampler) -> dict | None:
+    """A few figures from the ticks still in memory (the CSVs hold everything)."""
+    ticks = list(process.recent)
+    if not ticks:
+        return None
+    return {
+        "ticks_in_memory": len(ticks),
+        "rss_bytes_last": ticks[-1].rss_bytes,
+        "rss_bytes_max": max(t.rss_bytes for t in ticks),
+        "threads_last": ticks[-1].threads,
+        "threads_max": max(t.threads for t in ticks),
+        "fds_last": ticks[-1].fds,
+        "fds_max": max(t.fds for t in ticks),
+        "cpu_pct_mean": round(sum(t.cpu_pct for t in ticks) / len(ticks), 2),
+        "late_s_max": max(t.late_s for t in ticks),
+    }

@@ -1,0 +1,155 @@
+"""Read a sampler directory back into the ``server`` / ``system`` / ``metrics`` sections of a
+scenario result (docs/architecture.md). Streams the CSVs: memory grows with the number of
+distinct threads and ticks kept, not with the file sizes of threads.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from harness.collectors.metrics import series_key
+from harness.errors import ResultFormatError
+
+SERVER_SERIES = ("t", "rss_bytes", "uss_bytes", "threads", "fds", "cpu_pct", "late_s")
+
+
+def _num(text: str) -> float | int | None:
+    if text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _rows(path: Path) -> Iterator[dict[str, str]]:
+    with open(path, newline="") as f:
+        yield from csv.DictReader(f)
+
+
+def _meta(d: Path) -> dict:
+    p = d / "sampler.json"
+    if not p.exists():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ResultFormatError(f"{p}: not valid JSON ({e}); rerun the sampler") from None
+
+
+def _server(d: Path, meta: dict, top: int) -> dict | None:
+    path = d / "process.csv"
+    if not path.exists():
+        return None
+    series: dict[str, list] = {k: [] for k in SERVER_SERIES}
+    for row in _rows(path):
+        for k in SERVER_SERIES:
+            series[k].append(_num(row[k]))
+    return {
+        "pid": meta.get("pid"),
+        "interval_s": meta.get("interval_s"),
+        "ticks": meta.get("ticks", len(series["t"])),
+        "missed_ticks": meta.get("missed_ticks", 0),
+        "series": series,
+        "threads_top": _threads_top(d / "threads.csv", top),
+    }
+
+
+def _threads_top(path: Path, top: int) -> list[dict]:
+    if not path.exists():
+        return []
+    # Pass 1: per-thread sums (bounded by the number of distinct threads).
+    acc: dict[tuple[str, str, str], dict] = {}
+    for r in _rows(path):
+        key = (r["pid"], r["tid"], r["start_ticks"])
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = {"name": r["name"], "n": 0, "cpu": 0.0, "max": 0.0, "wait": 0.0,
+                            "nwait": 0, "cs": 0.0, "ncs": 0.0}  # fmt: skip
+        cpu = float(r["cpu_pct"])
+        a["name"] = r["name"]  # the latest name (threads may rename themselves)
+        a["n"] += 1
+        a["cpu"] += cpu
+        a["max"] = max(a["max"], cpu)
+        if r["wait_pct"] != "":
+            a["wait"] += float(r["wait_pct"])
+            a["nwait"] += 1
+        a["cs"] += float(r["cswch_s"])
+        a["ncs"] += float(r["nvcswch_s"])
+    chosen = sorted(acc, key=lambda k: acc[k]["cpu"] / acc[k]["n"], reverse=True)[:top]
+    # Pass 2: the series of the chosen threads only.
+    want = set(chosen)
+    series: dict[tuple[str, str, str], dict[str, list]] = {
+        k: {"t": [], "cpu_pct": []} for k in chosen
+    }
+    for r in _rows(path):
+        key = (r["pid"], r["tid"], r["start_ticks"])
+        if key in want:
+            series[key]["t"].append(float(r["t"]))
+            series[key]["cpu_pct"].append(float(r["cpu_pct"]))
+    out = []
+    for k in chosen:
+        a = acc[k]
+        out.append(
+            {
+                "tid": int(k[1]),
+                "name": a["name"],
+                "cpu_pct_mean": round(a["cpu"] / a["n"], 2),
+                "cpu_pct_max": a["max"],
+                "wait_pct_mean": round(a["wait"] / a["nwait"], 2) if a["nwait"] else None,
+                "cswch_s_mean": round(a["cs"] / a["n"], 2),
+                "nvcswch_s_mean": round(a["ncs"] / a["n"], 2),
+                "series": series[k],
+            }
+        )
+    return out
+
+
+def _system(d: Path) -> dict | None:
+    path = d / "system.csv"
+    if not path.exists():
+        return None
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), None)
+    if header is None:
+        return None
+    cores = [c for c in header if c.startswith("cpu") and c != "cpu_pct"]
+    series: dict[str, list] = {"t": [], "cpu_pct": [], "loadgen_cpu_pct": []}
+    per_core: list[list] = [[] for _ in cores]
+    for row in _rows(path):
+        for k in series:
+            series[k].append(_num(row[k]))
+        for i, c in enumerate(cores):
+            per_core[i].append(_num(row[c]))
+    series["per_core"] = per_core
+    return {"series": series}
+
+
+def _metrics(d: Path) -> dict | None:
+    path = d / "metrics.csv"
+    if not path.exists():
+        return None
+    series: dict[str, dict[str, list]] = {}
+    for row in _rows(path):
+        s = series.setdefault(series_key(row["name"], row["labels"]), {"t": [], "v": []})
+        s["t"].append(float(row["t"]))
+        s["v"].append(float(row["value"]))
+    return {"series": series}
+
+
+def read_samples(directory: str | Path, top_threads: int = 8) -> dict:
+    """``{"server": …|None, "system": …|None, "metrics": …|None}`` from a sampler directory."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ResultFormatError(
+            f"samples directory {str(d)!r} does not exist; give the --out DIR of `harness sample`"
+        )
+    meta = _meta(d)
+    return {
+        "server": _server(d, meta, top_threads),
+        "system": _system(d),
+        "metrics": _metrics(d),
+    }
