@@ -1,0 +1,49 @@
+"""``python -m reference_server``: parse flags, pin BLAS threads, serve with a drain window.
+
+uvicorn closes its listening socket as soon as it sees SIGTERM, which leaves no window
+for readiness to drop while accepted requests finish. We take SIGTERM/SIGINT ourselves:
+ready -> 503, new inference -> 503 "server exiting", wait (at most --drain-timeout-s)
+until every accepted request is answered, and only then let uvicorn shut down.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _pin_blas_threads(argv: list[str]) -> None:
+    # Must run before numpy is imported anywhere: OpenBLAS reads these at load time.
+    # An explicit --blas-threads wins; otherwise keep a value the user exported.
+    explicit = None
+    for i, arg in enumerate(argv):
+        if arg == "--blas-threads" and i + 1 < len(argv):
+            explicit = argv[i + 1]
+        elif arg.startswith("--blas-threads="):
+            explicit = arg.split("=", 1)[1]
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if explicit is not None:
+            os.environ[var] = explicit
+        else:
+            os.environ.setdefault(var, "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _pin_blas_threads(argv)
+
+    from reference_server.config import ConfigError, parse_config
+
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"python -m reference_server: error: {exc}", file=sys.stderr)
+        return 2
+
+    from reference_server.serve import serve
+
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

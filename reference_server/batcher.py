@@ -1,0 +1,353 @@
+"""Dynamic batcher: per-priority bounded queues, max batch / max delay, deadlines, workers.
+
+It knows nothing about HTTP. ``BatchQueue`` is the pure part (explicit ``now``, testable
+with literal times); ``Batcher`` drives it on an asyncio loop with an injected clock and
+runs batches on N model-worker threads so the event loop keeps serving while they compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+
+
+class QueueFull(Exception):
+    """The request's priority level is at capacity; rejected at enqueue (O(1))."""
+
+
+class DeadlineExpired(Exception):
+    """The request's timeout passed before a batch took it; it was never computed."""
+
+
+class ServerExiting(Exception):
+    """The server stopped before the request could be computed."""
+
+
+@dataclasses.dataclass(eq=False)
+class Pending:
+    rows: np.ndarray
+    level: int
+    enqueued: float
+    deadline: float | None
+    future: asyncio.Future[np.ndarray] | None = None
+    queued: bool = False
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.shape[0])
+
+
+class BatchQueue:
+    """Per-priority FIFO queues; level 0 is served first.
+
+    Expired requests are removed lazily (``discard`` only fixes the counts), so both
+    enqueue and expiry are O(1).
+    """
+
+    def __init__(self, levels: int, capacity: int, bounded: bool = True) -> None:
+        self._queues: list[collections.deque[Pending]] = [
+            collections.deque() for _ in range(levels)
+        ]
+        self._depth = [0] * levels
+        self.capacity = capacity
+        self.bounded = bounded
+        self.live = 0
+        self.live_rows = 0
+
+    def depth(self, level: int) -> int:
+        return self._depth[level]
+
+    @property
+    def levels(self) -> int:
+        return len(self._queues)
+
+    def offer(self, item: Pending) -> bool:
+        if self.bounded and self._depth[item.level] >= self.capacity:
+            return False
+        self._queues[item.level].append(item)
+        item.queued = True
+        self._depth[item.level] += 1
+        self.live += 1
+        self.live_rows += item.n
+        return True
+
+    def discard(self, item: Pending) -> bool:
+        """Mark a queued item as gone (expired/cancelled). True if it was still queued."""
+        if not item.queued:
+            return False
+        item.queued = False
+        self._depth[item.level] -= 1
+        self.live -= 1
+        self.live_rows -= item.n
+        return True
+
+    def _head(self, level: int) -> Pending | None:
+        q = self._queues[level]
+        while q and not q[0].queued:
+            q.popleft()
+        return q[0] if q else None
+
+    def oldest(self) -> float | None:
+        """Enqueue time of the oldest live request, or None when empty."""
+        times = [h.enqueued for lv in range(self.levels) if (h := self._head(lv)) is not None]
+        return min(times) if times else None
+
+    def take(self, max_rows: int, max_requests: int | None = None) -> list[Pending]:
+        """Pop up to ``max_rows`` rows, highest level first, FIFO within a level."""
+        batch: list[Pending] = []
+        rows = 0
+        for lv in range(self.levels):
+            while (head := self._head(lv)) is not None:
+                if rows + head.n > max_rows or (
+                    max_requests is not None and len(batch) >= max_requests
+                ):
+                    return batch
+                self._queues[lv].popleft()
+                self.discard(head)
+                batch.append(head)
+                rows += head.n
+        return batch
+
+
+class BatchObserver(Protocol):
+    def on_queue_depth(self, level: int, depth: int) -> None: ...
+    def on_batch(self, n_requests: int, n_rows: int, queue_waits: list[float]) -> None: ...
+    def on_compute(self, n_rows: int, seconds: float, ok: bool) -> None: ...
+    def on_expired(self, n: int) -> None: ...
+
+
+class NullObserver:
+    def on_queue_depth(self, level: int, depth: int) -> None:
+        pass
+
+    def on_batch(self, n_requests: int, n_rows: int, queue_waits: list[float]) -> None:
+        pass
+
+    def on_compute(self, n_rows: int, seconds: float, ok: bool) -> None:
+        pass
+
+    def on_expired(self, n: int) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class BatcherConfig:
+    max_batch_size: int = 32
+    max_delay_s: float = 0.005
+    levels: int = 2
+    capacity: int = 128
+    workers: int = 1
+    bounded: bool = True
+    one_request_per_batch: bool = False  # fault no-batching
+    single_level: bool = False  # fault ignore-priority
+    cross_wire_p: float = 0.0  # fault cross-wire
+    seed: int = 0
+
+
+class Batcher:
+    """Asyncio driver of a BatchQueue; ``run`` is called on worker threads."""
+
+    def __init__(
+        self,
+        run: Callable[[np.ndarray], np.ndarray],
+        config: BatcherConfig,
+        clock: Callable[[], float] = time.monotonic,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self._run = run
+        self.config = config
+        self._clock = clock
+        self._obs: BatchObserver = observer or NullObserver()
+        self.queue = BatchQueue(config.levels, config.capacity, config.bounded)
+        self._rng = random.Random(config.seed)
+        self._busy = 0
+        self._running: set[tuple[Pending, ...]] = set()
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.cross_wired_batches = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="model-worker")
+        self._task = asyncio.create_task(self._dispatch_loop(), name="batcher-dispatch")
+
+    async def stop(self) -> None:
+        self.fail_all(ServerExiting("server exiting"))
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def idle(self) -> bool:
+        return self.queue.live == 0 and self._busy == 0
+
+    def fail_all(self, exc: Exception) -> None:
+        """Answer every queued and running request with ``exc`` (drain timeout, stop)."""
+        for item in self.queue.take(max_rows=2**62):
+            self._cancel_timer(item)
+            self._fail(item, exc)
+        for batch in list(self._running):
+            for item in batch:
+                self._fail(item, exc)
+        self._report_depths()
+
+    # -- submission ------------------------------------------------------------------
+
+    def submit(
+        self, rows: np.ndarray, level: int, timeout_s: float | None
+    ) -> asyncio.Future[np.ndarray]:
+        """Queue one request; raises QueueFull at once when its level is at capacity."""
+        assert self._loop is not None and self._wake is not None, "Batcher.start() not awaited"
+        if self.config.single_level:
+            level = self.config.levels - 1
+        now = self._clock()
+        item = Pending(rows, level, now, now + timeout_s if timeout_s is not None else None)
+        if not self.queue.offer(item):
+            raise QueueFull(
+                f"priority level {level + 1} queue is full ({self.queue.capacity} requests)"
+            )
+        item.future = self._loop.create_future()
+        if timeout_s is not None:
+            item.timer = self._loop.call_later(timeout_s, self._expire, item)
+        self._obs.on_queue_depth(level, self.queue.depth(level))
+        self._wake.set()
+        return item.future
+
+    def _expire(self, item: Pending) -> None:
+        if self.queue.discard(item):
+            self._fail(item, DeadlineExpired("request timeout expired before execution"))
+            self._obs.on_expired(1)
+            self._obs.on_queue_depth(item.level, self.queue.depth(item.level))
+
+    @staticmethod
+    def _fail(item: Pending, exc: Exception) -> None:
+        if item.future is not None and not item.future.done():
+            item.future.set_exception(exc)
+
+    @staticmethod
+    def _cancel_timer(item: Pending) -> None:
+        if item.timer is not None:
+            item.timer.cancel()
+            item.timer = None
+
+    def _report_depths(self) -> None:
+        for lv in range(self.queue.levels):
+            self._obs.on_queue_depth(lv, self.queue.depth(lv))
+
+    # -- dispatch --------------------------------------------------------------------
+
+    def _wait_s(self, now: float) -> float | None:
+        """0 = dispatch now; > 0 = wait at most this long for company; None = nothing to do."""
+        if self._busy >= self.config.workers or self.queue.live == 0:
+            return None
+        if self.config.one_request_per_batch or self.queue.live_rows >= self.config.max_batch_size:
+            return 0.0
+        oldest = self.queue.oldest()
+        if oldest is None:
+            return None
+        return max(0.0, oldest + self.config.max_delay_s - now)
+
+    async def _dispatch_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            wait = self._wait_s(self._clock())
+            if wait == 0.0:
+                self._dispatch()
+                continue
+            if wait is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _dispatch(self) -> None:
+        assert self._loop is not None and self._executor is not None
+        now = self._clock()
+        max_requests = 1 if self.config.one_request_per_batch else None
+        batch = self.queue.take(self.config.max_batch_size, max_requests)
+        live = []
+        for item in batch:
+            self._cancel_timer(item)
+            # A timer can fire late on a busy loop: never compute an expired request.
+            if item.deadline is not None and now >= item.deadline:
+                self._fail(item, DeadlineExpired("request timeout expired before execution"))
+                self._obs.on_expired(1)
+            elif item.future is not None and not item.future.done():
+                live.append(item)
+        self._report_depths()
+        if not live:
+            return
+        self._obs.on_batch(len(live), sum(p.n for p in live), [now - p.enqueued for p in live])
+        self._busy += 1
+        key = tuple(live)
+        self._running.add(key)
+        cf = self._loop.run_in_executor(self._executor, self._execute, key)
+        cf.add_done_callback(lambda f, key=key: self._finished(key, f))
+
+    def _execute(self, batch: tuple[Pending, ...]) -> tuple[np.ndarray, float]:
+        x = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])
+        t0 = time.perf_counter()
+        y = self._run(x)
+        return y, time.perf_counter() - t0
+
+    def _finished(self, batch: tuple[Pending, ...], fut: asyncio.Future) -> None:
+        self._busy -= 1
+        self._running.discard(batch)
+        assert self._wake is not None
+        self._wake.set()
+        n_rows = sum(p.n for p in batch)
+        if fut.cancelled():
+            for item in batch:
+                self._fail(item, ServerExiting("server exiting"))
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._obs.on_compute(n_rows, 0.0, False)
+            for item in batch:
+                self._fail(item, exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            return
+        y, seconds = fut.result()
+        self._obs.on_compute(n_rows, seconds, True)
+        outputs = []
+        start = 0
+        for item in batch:
+            outputs.append(y[start : start + item.n])
+            start += item.n
+        self._maybe_cross_wire(batch, outputs)
+        for item, out in zip(batch, outputs, strict=True):
+            if item.future is not None and not item.future.done():
+                item.future.set_result(out)
+
+    def _maybe_cross_wire(self, batch: tuple[Pending, ...], outputs: list[np.ndarray]) -> None:
+        p = self.config.cross_wire_p
+        if p <= 0 or len(batch) < 2 or self._rng.random() >= p:
+            return
+        # Swap two requests whose outputs have the same shape (a realistic index mix-up).
+        by_n: dict[int, list[int]] = collections.defaultdict(list)
+        for i, item in enumerate(batch):
+            by_n[item.n].append(i)
+        pairs = [idx for idx in by_n.values() if len(idx) >= 2]
+        if not pairs:
+            return
+        i, j = self._rng.sample(self._rng.choice(pairs), 2)
+        outputs[i], outputs[j] = outputs[j], outputs[i]
+        self.cross_wired_batches += 1

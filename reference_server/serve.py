@@ -1,0 +1,93 @@
+"""Run the app under uvicorn (uvloop + httptools) with our own SIGTERM drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from types import FrameType
+
+import prometheus_client
+import uvicorn
+
+from reference_server.app import ServerState, create_app, server_state
+from reference_server.config import ServerConfig
+
+log = logging.getLogger("reference_server")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose exit signals start a drain instead of closing the socket."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout_s = drain_timeout_s
+        self._drain_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.drained_in_time: bool | None = None
+
+    async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Deliberately not recorded in self._captured_signals: uvicorn would re-raise the
+        # signal after shutdown and the process would die by SIGTERM instead of exit 0.
+        if self._drain_task is not None or self._loop is None:
+            if sig == signal.SIGINT:
+                self.force_exit = True  # second Ctrl+C: stop now
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain(sig))
+
+    async def _drain(self, sig: int) -> None:
+        state = self.state
+        log.warning(
+            "received %s: draining (%d in flight, timeout %.1fs)",
+            signal.Signals(sig).name,
+            state.in_flight,
+            self.drain_timeout_s,
+        )
+        self.drained_in_time = await state.drain(self.drain_timeout_s)
+        self.should_exit = True
+
+
+def serve(config: ServerConfig) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # The *_created series double the exposition size and no consumer reads them.
+    prometheus_client.disable_created_metrics()
+    app = create_app(config)
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        loop = "asyncio"
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop=loop,
+        http="httptools",
+        lifespan="on",
+        log_level=config.log_level,
+        access_log=config.access_log,
+        # Our drain already waited for accepted requests; this only bounds the socket close.
+        timeout_graceful_shutdown=5,
+        backlog=2048,
+    )
+    server = DrainingServer(uv_config, server_state(app), config.drain_timeout_s)
+    server.run()
+    if not server.started:
+        return 1
+    return 0
