@@ -1,0 +1,53 @@
+"""Reports rendered from a results document: junit.xml, summary.md, report.html, compare.
+
+``render_all(doc, out_dir)`` writes the three report files; ``render_dir(dir)`` is what
+``harness report DIR`` runs. Reports read the document only, so they can be re-rendered
+on a machine that never ran the test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.results import load_document
+
+RESULTS_FILE = "results.json"
+JUNIT_FILE = "junit.xml"
+SUMMARY_FILE = "summary.md"
+HTML_FILE = "report.html"
+
+
+def _write(path: Path, text: str) -> Path:
+    # Same temp-and-replace as results.json: a CI step reading the file never sees half of it.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def render_all(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Write junit.xml, summary.md and report.html for ``doc`` into ``out_dir``."""
+    # Imported here so that `harness run`/`compare` do not pay matplotlib's import time.
+    from harness.report.html import render_html
+    from harness.report.junit import render_junit
+    from harness.report.summary import render_summary
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "junit": _write(out / JUNIT_FILE, render_junit(doc)),
+        "summary": _write(out / SUMMARY_FILE, render_summary(doc)),
+        "html": _write(out / HTML_FILE, render_html(doc)),
+    }
+
+
+def render_dir(directory: str | os.PathLike[str]) -> dict[str, Path]:
+    """Re-render the reports of ``directory`` from its results.json (``harness report DIR``)."""
+    d = Path(directory)
+    return render_all(load_document(d / RESULTS_FILE), d)
+
+
+__all__ = ["HTML_FILE", "JUNIT_FILE", "RESULTS_FILE", "SUMMARY_FILE", "render_all", "render_dir"]

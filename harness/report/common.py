@@ -1,0 +1,172 @@
+"""Helpers shared by the report renderers: check states, verdict counts, number formatting.
+
+Everything here reads the results document only (DESIGN §2: a report can be rendered on a
+machine that never ran the test).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from harness.results import combine_verdicts
+
+PASS, FAIL, SKIP = "pass", "fail", "skipped"
+_OP_TEXT = {"<=": "≤", ">=": "≥", "<": "<", ">": ">", "==": "=", "!=": "≠"}
+
+
+def check_state(check: Mapping[str, Any]) -> str:
+    """pass / fail / skipped. A check that was not evaluated is skipped, never a pass."""
+    passed = check.get("passed")
+    if passed is True:
+        return PASS
+    if passed is False:
+        return FAIL
+    return SKIP
+
+
+def skip_reason(check: Mapping[str, Any]) -> str:
+    return str(check.get("skipped") or check.get("detail") or "not evaluated")
+
+
+@dataclass(frozen=True)
+class Counts:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.passed + other.passed, self.failed + other.failed, self.skipped + other.skipped
+        )
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.skipped
+
+    def text(self) -> str:
+        """``3 passed, 1 failed, 2 skipped`` — skipped is always said, never folded into passed."""
+        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
+
+
+def count_checks(checks: Iterable[Mapping[str, Any]]) -> Counts:
+    states = [check_state(c) for c in checks]
+    return Counts(states.count(PASS), states.count(FAIL), states.count(SKIP))
+
+
+def document_counts(doc: Mapping[str, Any]) -> Counts:
+    total = Counts()
+    for sc in doc.get("scenarios", []):
+        total = total + count_checks(sc.get("checks") or [])
+    return total
+
+
+def scenario_verdict(sc: Mapping[str, Any]) -> str | None:
+    """The scenario's recorded verdict; if checks ran but none was recorded, derive it."""
+    v = sc.get("verdict")
+    if v is not None:
+        return v
+    counts = count_checks(sc.get("checks") or [])
+    if counts.failed:
+        return "fail"
+    if counts.passed:
+        return "pass"
+    return None
+
+
+def overall_verdict(doc: Mapping[str, Any]) -> str | None:
+    if doc.get("verdict") is not None:
+        return doc["verdict"]
+    scs = doc.get("scenarios") or []
+    return combine_verdicts(scenario_verdict(sc) for sc in scs) if scs else None
+
+
+def invalid_reasons(sc: Mapping[str, Any]) -> list[str]:
+    """Why a scenario run was invalid: its own reasons, else its failed checks' details."""
+    reasons = sc.get("invalid_reasons")
+    if isinstance(reasons, str):
+        return [reasons]
+    if reasons:
+        return [str(r) for r in reasons]
+    failed = [c for c in sc.get("checks") or [] if check_state(c) == FAIL]
+    if failed:
+        return [f"{c['id']}: {c.get('detail') or describe_measure(c)}" for c in failed]
+    return ["the run was marked invalid (no reason recorded)"]
+
+
+def fmt_num(value: Any) -> str:
+    """Short human number: 3 significant digits for small values, thousands separators for big."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value == 0:
+            return "0"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.1f}".removesuffix(".0")
+        return f"{value:.3g}"
+    return str(value)
+
+
+def fmt_value(check: Mapping[str, Any]) -> str:
+    text = fmt_num(check.get("value"))
+    unit = check.get("unit") or ""
+    return f"{text} {unit}".strip() if check.get("value") is not None else text
+
+
+def fmt_threshold(check: Mapping[str, Any]) -> str:
+    if check.get("threshold") is None:
+        return "—"
+    op = _OP_TEXT.get(str(check.get("op") or ""), str(check.get("op") or ""))
+    unit = check.get("unit") or ""
+    return f"{op} {fmt_num(check['threshold'])} {unit}".strip()
+
+
+def describe_measure(check: Mapping[str, Any]) -> str:
+    """``measured 0.42, threshold ≥ 0.5`` — the sentence a failure carries."""
+    return f"measured {fmt_value(check)}, threshold {fmt_threshold(check)}"
+
+
+def decode_hdr(encoded: Any) -> HdrHistogram | None:
+    """Decode a stored HDR string; None when absent or unreadable (the plot/table is omitted)."""
+    if not encoded:
+        return None
+    try:
+        return HdrHistogram.decode(
+            encoded if isinstance(encoded, bytes) else str(encoded).encode("ascii")
+        )
+    except (ValueError, TypeError, UnicodeEncodeError, IndexError):
+        return None
+
+
+def hdr_summary(encoded: Any) -> dict[str, float] | None:
+    """n, p50/p90/p99/p99.9/max in ms from an encoded µs histogram; None if empty/absent."""
+    h = decode_hdr(encoded)
+    if h is None or h.get_total_count() == 0:
+        return None
+    return {
+        "n": h.get_total_count(),
+        "p50_ms": h.get_value_at_percentile(50) / 1000,
+        "p90_ms": h.get_value_at_percentile(90) / 1000,
+        "p99_ms": h.get_value_at_percentile(99) / 1000,
+        "p999_ms": h.get_value_at_percentile(99.9) / 1000,
+        "max_ms": h.get_max_value() / 1000,
+    }
+
+
+def error_total(counters: Mapping[str, Any] | None) -> int:
+    if not counters:
+        return 0
+    failed = counters.get("failed") or {}
+    return int(sum(v for v in failed.values() if isinstance(v, int | float)))

@@ -1,0 +1,227 @@
+"""report.html: one self-contained page (inline CSS, plots as base64 PNG, no scripts).
+
+Layout: overall verdict, the verdict table of every check, run metadata, then one section
+per scenario with its numbers and the plots its data supports. Every value taken from the
+document is escaped; a plot the data cannot support is replaced by a one-line note.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+from harness.report import plots
+from harness.report.common import (
+    SKIP,
+    check_state,
+    count_checks,
+    document_counts,
+    error_total,
+    fmt_num,
+    fmt_threshold,
+    fmt_value,
+    hdr_summary,
+    invalid_reasons,
+    overall_verdict,
+    scenario_verdict,
+    skip_reason,
+)
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:.5em 0 1em}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.pass{color:#1b7f3b;font-weight:600}.fail{color:#c62828;font-weight:600}.skipped{color:#777;font-weight:600}
+.invalid{color:#b26a00;font-weight:600}.none{color:#555}
+.banner{font-size:1.3em;padding:.5em .8em;border-radius:6px;background:#f6f6f6}
+.note{color:#666;font-size:.9em;margin:.2em 0}figure{margin:1em 0}img{max-width:100%;height:auto}
+figcaption{color:#444;font-size:.9em}section{border-top:2px solid #ddd;margin-top:2em}code{font-size:.95em}
+"""
+_WORD = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID", None: "NOT JUDGED"}
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _cls(verdict: str | None) -> str:
+    return verdict if verdict in ("pass", "fail", "skipped", "invalid") else "none"
+
+
+def _verdict_table(doc: Mapping[str, Any]) -> str:
+    out = [
+        "<table><tr><th>scenario</th><th>check</th><th>verdict</th><th>value</th><th>threshold</th><th>n</th><th>detail</th></tr>"
+    ]
+    for sc in doc.get("scenarios") or []:
+        if scenario_verdict(sc) == "invalid":
+            reasons = "; ".join(invalid_reasons(sc))
+            out.append(
+                f'<tr><td><a href="#scenario-{esc(sc["name"])}">{esc(sc["name"])}</a></td><td><em>run validity</em></td>'
+                f'<td class="invalid">invalid</td><td></td><td></td><td></td><td>{esc(reasons)}</td></tr>'
+            )
+        for c in sc.get("checks") or []:
+            state = check_state(c)
+            detail = skip_reason(c) if state == SKIP else c.get("detail") or ""
+            out.append(
+                f'<tr><td><a href="#scenario-{esc(sc["name"])}">{esc(sc["name"])}</a></td><td><code>{esc(c["id"])}</code></td>'
+                f'<td class="{state}">{state}</td><td class="num">{esc(fmt_value(c))}</td>'
+                f'<td class="num">{esc(fmt_threshold(c))}</td><td class="num">{esc(fmt_num(c.get("n")))}</td>'
+                f"<td>{esc(detail)}</td></tr>"
+            )
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _kv_table(title: str, data: Mapping[str, Any] | None) -> str:
+    if not data:
+        return f'<p class="note">{esc(title)}: not recorded.</p>'
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(_plain(v))}</td></tr>" for k, v in data.items())
+    return f"<h3>{esc(title)}</h3><table>{rows}</table>"
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={_plain(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value)
+    return "—" if value is None else str(value)
+
+
+def _latency_table(sc: Mapping[str, Any]) -> str:
+    rows = []
+    for cls, data in (sc.get("by_class") or {}).items():
+        if not isinstance(data, Mapping):
+            continue
+        s = hdr_summary(data.get("latency_hdr"))
+        counters = data.get("counters") or {}
+        errs = error_total(counters)
+        if s is None:
+            rows.append(
+                f"<tr><td>{esc(cls)}</td><td colspan=6>no successful responses</td><td class='num'>{errs:,}</td></tr>"
+            )
+            continue
+        nums = "".join(
+            f'<td class="num">{fmt_num(round(s[k], 3))}</td>'
+            for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")
+        )
+        low = " (low confidence: n &lt; 1,000)" if s["n"] < 1000 else ""
+        rows.append(
+            f'<tr><td>{esc(cls)}</td><td class="num">{s["n"]:,}{low}</td>{nums}<td class="num">{errs:,}</td></tr>'
+        )
+    if not rows:
+        return '<p class="note">No per-class latency histograms (by_class) recorded.</p>'
+    head = "<tr><th>class</th><th>n ok</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>max ms</th><th>failed</th></tr>"
+    return f"<h3>Latency by class (HDR, ok responses)</h3><table>{head}{''.join(rows)}</table>"
+
+
+def _counters_table(sc: Mapping[str, Any]) -> str:
+    c = sc.get("counters") or {}
+    if not c:
+        return ""
+    failed = c.get("failed") or {}
+    cells = [
+        ("scheduled", c.get("scheduled")),
+        ("ok", c.get("ok")),
+        ("dropped", c.get("dropped")),
+        ("in flight", c.get("in_flight")),
+    ]
+    cells += [(f"failed: {k}", v) for k, v in failed.items() if v]
+    head = "".join(f"<th>{esc(k)}</th>" for k, _ in cells)
+    body = "".join(f'<td class="num">{esc(fmt_num(v))}</td>' for _, v in cells)
+    return f"<h3>Request accounting</h3><table><tr>{head}</tr><tr>{body}</tr></table>"
+
+
+def _chaos_list(sc: Mapping[str, Any]) -> str:
+    events = sc.get("chaos") or []
+    if not events:
+        return ""
+    items = []
+    for ev in events:
+        status = "ok" if ev.get("ok") else f"failed: {ev.get('error')}"
+        items.append(
+            f"<li>{esc(ev.get('action'))} {esc(_plain(ev.get('params') or {}))} "
+            f"from {esc(fmt_num(ev.get('start_s')))} s to {esc(fmt_num(ev.get('end_s')))} s — {esc(status)}</li>"
+        )
+    return f"<h3>Chaos timeline</h3><ul>{''.join(items)}</ul>"
+
+
+def _plots(sc: Mapping[str, Any], slug: str) -> str:
+    figures, notes = [], []
+    for key, caption, make in plots.PLOTS:
+        try:
+            result = make(sc)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            # A malformed field must not cost the reader the rest of the report.
+            result = plots.Missing(f"data malformed ({type(exc).__name__}: {exc})")
+        if isinstance(result, plots.Missing):
+            notes.append(
+                f'<li class="note" data-plot="{key}">{esc(caption)} omitted: {esc(result.reason)}.</li>'
+            )
+            continue
+        uri = plots.to_data_uri(result)
+        figures.append(
+            f'<figure id="plot-{slug}-{key}"><img alt="{esc(caption)} — {esc(sc["name"])}" src="{uri}">'
+            f"<figcaption>{esc(caption)}</figcaption></figure>"
+        )
+    omitted = f'<ul class="omitted">{"".join(notes)}</ul>' if notes else ""
+    return "\n".join(figures) + omitted
+
+
+def _scenario(sc: Mapping[str, Any], index: int) -> str:
+    verdict = scenario_verdict(sc)
+    slug = f"{index}-{sc['name']}"
+    counts = count_checks(sc.get("checks") or [])
+    parts = [
+        f'<section id="scenario-{esc(sc["name"])}"><h2>{esc(sc["name"])} — <span class="{_cls(verdict)}">{_WORD.get(verdict, esc(verdict))}</span></h2>',
+        f"<p>{esc(counts.text())}; duration {esc(fmt_num(sc.get('duration_s')))} s; mode {esc(sc.get('mode') or '—')}; "
+        f"capacity {esc(fmt_num(sc.get('capacity_rps')))} req/s; file <code>{esc(sc.get('file') or '—')}</code></p>",
+    ]
+    if sc.get("partial"):
+        parts.append(
+            '<p class="fail">Partial: the scenario was interrupted before it finished.</p>'
+        )
+    if verdict == "invalid":
+        parts += [
+            f'<p class="invalid">Run invalid, judges nothing: {esc(r)}</p>'
+            for r in invalid_reasons(sc)
+        ]
+    parts += [
+        _counters_table(sc),
+        _latency_table(sc),
+        _chaos_list(sc),
+        _plots(sc, slug),
+        "</section>",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+def render_html(doc: Mapping[str, Any]) -> str:
+    """The report.html text for a results document."""
+    verdict = overall_verdict(doc)
+    counts = document_counts(doc)
+    scs = doc.get("scenarios") or []
+    partial = (
+        '<p class="fail">Partial run: interrupted or the server died; this covers what ran.</p>'
+        if doc.get("partial")
+        else ""
+    )
+    body = [
+        "<h1>Inference harness report</h1>",
+        f'<p class="banner"><span class="{_cls(verdict)}">{_WORD.get(verdict, esc(verdict))}</span> — {esc(counts.text())} '
+        f"across {len(scs)} scenario(s). Created {esc(doc.get('created', '?'))}, harness {esc(doc.get('harness_version', '?'))}.</p>",
+        partial,
+        "<h2>Verdicts</h2>",
+        _verdict_table(doc),
+        "<h2>Run</h2>",
+        _kv_table("Machine", doc.get("machine")),
+        _kv_table("Server under test", doc.get("sut")),
+        _kv_table("Load generator", doc.get("loadgen")),
+    ]
+    body += [_scenario(sc, i) for i, sc in enumerate(scs)]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>Harness report — {_WORD.get(verdict, esc(verdict))}</title><style>{_CSS}</style></head>\n<body>\n"
+        + "\n".join(b for b in body if b)
+        + "\n</body></html>\n"
+    )
