@@ -1,0 +1,95 @@
+"""Kill the SUT and (on revert) restart it, measuring the recovery: kill → ready again."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.chaos.base import Action, ChaosTarget
+from harness.errors import ConfigError
+
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
+
+
+class KillRestart(Action):
+    """Send ``signal`` to the SUT; after ``duration_s`` restart it and wait until ready.
+
+    Needs a SUT the harness started (``SutProcess``): an attached one cannot be restarted.
+    ``on_restart(new_pid)`` lets the caller re-point its sampler.
+    """
+
+    name = "kill"
+
+    def __init__(
+        self,
+        target: ChaosTarget,
+        duration_s: float = 0.0,
+        *,
+        restart: bool = True,
+        signal_name: str = "SIGKILL",
+        ready_timeout_s: float = 60.0,
+        on_restart: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(duration_s)
+        if signal_name not in SIGNALS:
+            raise ConfigError(f"kill.signal has value {signal_name!r}. Valid: {', '.join(SIGNALS)}")
+        if restart and not getattr(target, "can_restart", False):
+            raise ConfigError(
+                "kill.restart is true but the SUT was attached by pid (--sut-pid): the harness "
+                "cannot restart it. Start it with --sut-cmd, or set restart = false"
+            )
+        self.target = target
+        self.restart = restart
+        self.signal_name = signal_name
+        self.ready_timeout_s = ready_timeout_s
+        self.on_restart = on_restart
+        self._clock = clock
+        self._killed_at: float | None = None
+
+    @classmethod
+    def for_target(cls, target: ChaosTarget, params: dict[str, Any]) -> KillRestart:
+        return cls(
+            target,
+            float(params.get("duration_s", 0.0)),
+            restart=bool(params.get("restart", True)),
+            signal_name=str(params.get("signal", "SIGKILL")),
+        )
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"restart": self.restart, "signal": self.signal_name, "duration_s": self.duration_s}
+
+    def _apply(self) -> None:
+        old = self.target.pid
+        self.detail["old_pid"] = old
+        self._killed_at = self._clock()
+        stop = getattr(self.target, "stop", None)
+        kill = getattr(self.target, "kill", None)
+        if self.signal_name == "SIGKILL" and kill is not None:
+            kill()
+        elif self.signal_name == "SIGTERM" and stop is not None:
+            stop()  # SIGTERM, then SIGKILL if it will not go
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old, SIGNALS[self.signal_name])
+
+    def _revert(self) -> None:
+        if not self.restart:
+            return
+        restart = self.target.restart  # type: ignore[attr-defined]
+        restart()
+        new_pid = self.target.pid
+        self.detail["new_pid"] = new_pid
+        if self.on_restart is not None:
+            self.on_restart(new_pid)
+        self.detail["time_to_ready_s"] = round(
+            self.target.wait_ready(timeout=self.ready_timeout_s),  # type: ignore[attr-defined]
+            4,
+        )
+        if self._killed_at is not None:
+            self.detail["recovery_s"] = round(self._clock() - self._killed_at, 4)
