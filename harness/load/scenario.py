@@ -9,6 +9,7 @@ or check id is an error, not a default.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import json
 import math
@@ -260,7 +261,30 @@ class Scenario:
 
     def check_config(self) -> dict[str, dict[str, Any]]:
         """The ``check_config`` of a scenario result: check id → overrides (plain dicts)."""
-        return {cid: dict(over) for cid, over in self.checks.items()}
+        return {cid: copy.deepcopy(dict(over)) for cid, over in self.checks.items()}
+
+    def stages_result(self, capacity_rps: float | None) -> list[dict[str, Any]]:
+        """The ``stages`` list of a scenario result (rates resolved to req/s)."""
+        return [
+            {
+                "name": s.name,
+                "start_s": s.start_s,
+                "end_s": s.end_s,
+                "kind": s.kind,
+                "rate_rps": s.rate_rps(capacity_rps),
+                "users": s.users,
+                "threads": s.threads,
+                "warmup_s": s.warmup_s,
+            }
+            for s in self.stages
+        ]
+
+    def classes_result(self) -> dict[str, dict[str, Any]]:
+        """The ``classes`` table of a scenario result."""
+        return {
+            c.name: {"priority": c.priority, "share": c.share, "timeout_us": c.timeout_us}
+            for c in self.classes
+        }
 
 
 # --------------------------------------------------------------------------- loading
@@ -356,9 +380,10 @@ def _apply_quick(data: Mapping[str, Any], src: str) -> dict[str, Any]:
     out = {k: copy.deepcopy(v) for k, v in data.items() if k != "quick"}
     if not quick:
         return out
-    t = _Table(quick, "quick", src)
+    t = _Table(quick, "quick", src, ("scale", *(k for k in _TOP_KEYS if k != "quick")))
     scale = t.number("scale", 1.0, positive=True)
-    overrides = {k: t.take(k) for k in list(t.data) if k in _TOP_KEYS and k not in ("quick",)}
+    taken = {k: t.take(k) for k in _TOP_KEYS if k != "quick"}
+    overrides = {k: v for k, v in taken.items() if v is not None}
     t.done()
     if scale != 1.0:
         for key in _SCALED_TABLES:
@@ -434,12 +459,19 @@ def _is_number(v: Any) -> bool:
 class _Table:
     """One TOML table being read; remembers its path so errors can name the key."""
 
-    def __init__(self, data: Any, where: str, src: str) -> None:
+    def __init__(self, data: Any, where: str, src: str, keys: Iterable[str] = ()) -> None:
         self.where, self.src = where, src
         if not isinstance(data, dict):
             self.fail("", data, "is not a table")
         self.data = dict(data)
         self.seen: set[str] = set()
+        if keys:
+            self.allow(keys)
+
+    def allow(self, keys: Iterable[str]) -> None:
+        """Declare the valid keys and reject unknown ones now, before a missing key is."""
+        self.seen.update(keys)
+        self.done()
 
     def key(self, k: str) -> str:
         return f"{self.where}.{k}" if self.where else k
@@ -521,7 +553,7 @@ def parse_rate(value: Any, where: str, src: str) -> Rate:
 
 
 def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | None) -> Scenario:
-    top = _Table(data, "", src)
+    top = _Table(data, "", src, _TOP_KEYS)
     name = top.string("name", default_name or Path(src).stem)
     description = top.string("description", "")
     top.take("quick")  # read by _apply_quick
@@ -597,7 +629,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
 
 
 def _parse_load(raw: Any, src: str) -> LoadConfig:
-    t = _Table(raw, "load", src)
+    t = _Table(raw, "load", src, (f.name for f in dataclasses.fields(LoadConfig)))
     cal = t.take("calibrate", "auto")
     if cal != "auto" and not isinstance(cal, bool):
         t.fail("calibrate", cal, 'is not valid; use true, false or "auto"')
@@ -634,7 +666,7 @@ def _parse_classes(raw: Any, src: str) -> tuple[TrafficClass, ...]:
         top.fail("", raw, "is empty; define at least one class, e.g. [classes.default] share = 1")
     out = []
     for cname in top.data:
-        t = _Table(top.take(cname), f"classes.{cname}", src)
+        t = _Table(top.take(cname), f"classes.{cname}", src, ("priority", "share", "timeout_us"))
         share = t.number("share", None, minimum=0)
         if share is None:
             if len(top.data) > 1:
@@ -661,6 +693,9 @@ def _missing(t: _Table, k: str, what: str) -> Any:
     raise ConfigError(f"{t.src}: {t.key(k)} is missing; set it to {what}")
 
 
+_STAGE_KEYS = ("name", "duration_s", "rate", "users", "warmup_s", "threads")
+
+
 def _parse_stages(raw: Any, load_mode: str, src: str) -> tuple[Stage, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError(
@@ -671,7 +706,7 @@ def _parse_stages(raw: Any, load_mode: str, src: str) -> tuple[Stage, ...]:
     t0 = 0.0
     names: set[str] = set()
     for i, item in enumerate(raw):
-        t = _Table(item, f"stages[{i}]", src)
+        t = _Table(item, f"stages[{i}]", src, _STAGE_KEYS)
         name = t.string("name", f"stage{i}")
         if name in names:
             t.fail("name", name, "is used by an earlier stage; stage names must be unique")
@@ -740,6 +775,7 @@ def _parse_chaos(raw: Any, src: str) -> tuple[ChaosEvent, ...]:
         action = t.string("action", None, CHAOS_ACTIONS)
         if action is None:
             _missing(t, "action", f"one of: {', '.join(CHAOS_ACTIONS)}")
+        t.allow(("at_s", "duration_s", *_CHAOS_PARAMS[action]))
         at = t.number("at_s", None, minimum=0)
         if at is None:
             _missing(t, "at_s", "seconds after the load starts, ≥ 0")
@@ -798,7 +834,7 @@ def _parse_checks(raw: Any, src: str) -> Mapping[str, Mapping[str, Any]]:
 def _parse_linearity(raw: Any, src: str) -> LinearitySpec | None:
     if raw is None:
         return None
-    t = _Table(raw, "linearity", src)
+    t = _Table(raw, "linearity", src, (f.name for f in dataclasses.fields(LinearitySpec)))
     d = LinearitySpec()
     pts = t.take("points", "auto")
     if pts == "auto":
@@ -837,7 +873,8 @@ def _parse_linearity(raw: Any, src: str) -> LinearitySpec | None:
 def _parse_contention(raw: Any, src: str) -> ContentionSpec | None:
     if raw is None:
         return None
-    t = _Table(raw, "contention", src)
+    keys = ("rate", "block_s", "cycles", "after_s", "warmup_s", "hog_cores")
+    t = _Table(raw, "contention", src, keys)
     d = ContentionSpec(Rate(0.6, True))
     raw_rate = t.take("rate", "0.6x")
     cores = t.take("hog_cores", d.hog_cores)
