@@ -1,0 +1,388 @@
+"""Latency and outcome recording: exact, mergeable, nothing lost.
+
+Every request ends in exactly one *outcome*: ``ok``, ``http_<status>``, ``timeout``,
+``connection``, ``bad_response`` (a 2xx whose body is not a V2 answer), ``cross_wired``,
+``drift``, ``id_mismatch``, ``cancelled`` or ``dropped`` (never sent: the in-flight cap was reached).
+A ``Recording`` counts outcomes and keeps HDR histograms (µs, 1 µs – 60 s, 3 digits) per
+traffic class, per (stage, class) and per (window, class), windows keyed by the
+*intended* send time. Latencies of ``ok`` requests go to the latency histograms; every
+other sent request's time to its answer goes to ``error_latency``.
+
+Workers ``drain()`` what they recorded since the last drain into a JSON-able delta and the
+master ``merge()``s the deltas — histograms are added, percentiles are never averaged.
+A window is shipped once, when it is complete on that worker (nothing with an intended
+time inside it is still in flight); the master summarises a window into rows once every
+worker has shipped past it, so a long soak keeps only a few live histograms in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+LOWEST_US = 1
+HIGHEST_US = 60_000_000
+SIGNIFICANT_DIGITS = 3
+
+# Outcomes that are not a served answer; "dropped" is kept apart (never sent).
+FIXED_FAILURES = (
+    "timeout",
+    "connection",
+    "bad_response",
+    "cross_wired",
+    "drift",
+    "id_mismatch",
+    "cancelled",  # closed loop: Locust stopped the user while its request was out
+)
+INTEGRITY_KINDS = ("cross_wired", "drift", "id_mismatch")
+MAX_EXAMPLES_PER_KIND = 5
+
+
+def new_histogram() -> HdrHistogram:
+    """The one histogram shape used everywhere (µs, 1 µs – 60 s, 3 significant digits)."""
+    return HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS)
+
+
+def clamp_us(value_us: float) -> int:
+    """Histogram value for a duration in µs: at least 1, at most the top of the range."""
+    return min(max(int(value_us), LOWEST_US), HIGHEST_US)
+
+
+def decode(encoded: str | None) -> HdrHistogram:
+    """A histogram from an ``encode()`` string (an empty one for None)."""
+    h = new_histogram()
+    if encoded:
+        h.decode_and_add(encoded)
+    return h
+
+
+def encode(h: HdrHistogram | None) -> str | None:
+    return h.encode() if h is not None and h.get_total_count() else None
+
+
+def percentiles_ms(h: HdrHistogram) -> dict[str, float | None]:
+    """p50/p90/p99/max in ms of a histogram, None when it is empty."""
+    if not h.get_total_count():
+        return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None}
+    return {
+        "p50_ms": h.get_value_at_percentile(50) / 1000.0,
+        "p90_ms": h.get_value_at_percentile(90) / 1000.0,
+        "p99_ms": h.get_value_at_percentile(99) / 1000.0,
+        "max_ms": h.get_max_value() / 1000.0,
+    }
+
+
+class Cell:
+    """Outcome counters plus the latency histogram of ``ok`` answers, for one bucket."""
+
+    __slots__ = ("counts", "hdr")
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.hdr: HdrHistogram | None = None
+
+    def record_ok(self, latency_us: int) -> None:
+        if self.hdr is None:
+            self.hdr = new_histogram()
+        self.hdr.record_value(latency_us)
+
+    def encode(self) -> dict[str, Any]:
+        return {"c": dict(self.counts), "h": encode(self.hdr)}
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        self.counts.update(data.get("c") or {})
+        if data.get("h"):
+            if self.hdr is None:
+                self.hdr = new_histogram()
+            self.hdr.decode_and_add(data["h"])
+
+    def add_cell(self, other: Cell) -> None:
+        self.counts.update(other.counts)
+        if other.hdr is not None and other.hdr.get_total_count():
+            if self.hdr is None:
+                self.hdr = new_histogram()
+            self.hdr.add(other.hdr)
+
+
+def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> dict[str, Any]:
+    """The results-document shape of outcome counters (``failed`` broken down by kind)."""
+    failed = {k: 0 for k in ("http_503", "http_500", *FIXED_FAILURES)}
+    for key, value in counts.items():
+        if key.startswith("http_") or key in FIXED_FAILURES:
+            failed[key] = failed.get(key, 0) + int(value)
+    return {
+        "scheduled": int(counts.get("scheduled", 0)),
+        "ok": int(counts.get("ok", 0)),
+        "dropped": int(counts.get("dropped", 0)),
+        "in_flight": int(in_flight),
+        "failed": dict(sorted(failed.items())),
+        "failed_total": sum(failed.values()),
+    }
+
+
+class Recording:
+    """Counters and histograms of one process (a worker), or the merge of many (master).
+
+    ``origin`` is the run's shared start time (unix seconds); every ``t`` given to the
+    record methods is seconds since ``origin`` of the request's intended send time.
+    """
+
+    def __init__(self, window_s: float = 1.0, first_n: int = 100) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s has value {window_s!r}; expected a positive number")
+        self.window_s = float(window_s)
+        self.first_n = int(first_n)
+        self.classes: dict[str, Cell] = {}
+        self.stages: dict[str, dict[str, Cell]] = {}
+        self.windows: dict[int, dict[str, Cell]] = {}
+        self.dispatch_lag = new_histogram()
+        self.error_latency = new_histogram()
+        self.first = new_histogram()
+        self.integrity: Counter[str] = Counter()
+        self.examples: list[dict[str, Any]] = []
+        self.in_flight_by_window: Counter[int] = Counter()
+        self.in_flight_final = 0
+        # master side: summarised window rows and each source's completeness watermark
+        self.rows: list[dict[str, Any]] = []
+        self._watermarks: dict[str, int] = {}
+        self._summarised_through = 0
+        self.closed = False
+
+    # -- recording (worker side) ------------------------------------------------------
+
+    def _cells(self, cls: str, stage: str, t: float) -> tuple[Cell, Cell, Cell]:
+        c = self.classes.get(cls)
+        if c is None:
+            c = self.classes[cls] = Cell()
+        st = self.stages.get(stage)
+        if st is None:
+            st = self.stages[stage] = {}
+        s = st.get(cls)
+        if s is None:
+            s = st[cls] = Cell()
+        w = int(t // self.window_s) if t > 0 else 0
+        wd = self.windows.get(w)
+        if wd is None:
+            wd = self.windows[w] = {}
+        wc = wd.get(cls)
+        if wc is None:
+            wc = wd[cls] = Cell()
+        return c, s, wc
+
+    def scheduled(self, cls: str, stage: str, t: float) -> None:
+        """One request's intended send time has come (sent or about to be dropped)."""
+        if self.closed:
+            return
+        for cell in self._cells(cls, stage, t):
+            cell.counts["scheduled"] += 1
+
+    def sent(self, t: float, lag_us: float | None) -> None:
+        """The request left for the server; ``lag_us`` is actual − intended send time."""
+        if self.closed:
+            return
+        self.in_flight_by_window[int(t // self.window_s) if t > 0 else 0] += 1
+        if lag_us is not None:
+            self.dispatch_lag.record_value(clamp_us(lag_us))
+
+    def dropped(self, cls: str, stage: str, t: float) -> None:
+        if self.closed:
+            return
+        for cell in self._cells(cls, stage, t):
+            cell.counts["dropped"] += 1
+
+    def done(self, cls: str, stage: str, t: float, outcome: str, latency_us: float) -> None:
+        """A sent request ended with ``outcome`` after ``latency_us`` from its intended time."""
+        if self.closed:
+            return
+        w = int(t // self.window_s) if t > 0 else 0
+        left = self.in_flight_by_window[w] - 1
+        if left > 0:
+            self.in_flight_by_window[w] = left
+        else:
+            self.in_flight_by_window.pop(w, None)
+        value = clamp_us(latency_us)
+        cells = self._cells(cls, stage, t)
+        for cell in cells:
+            cell.counts[outcome] += 1
+        if outcome == "ok":
+            for cell in cells:
+                cell.record_ok(value)
+            if self.first.get_total_count() < self.first_n:
+                self.first.record_value(value)
+        else:
+            self.error_latency.record_value(value)
+
+    def integrity_result(self, kind: str, example: Mapping[str, Any] | None = None) -> None:
+        """Count one verified answer (``ok``/``drift``/``cross_wired``/``id_mismatch``)."""
+        if self.closed:
+            return
+        self.integrity["checked"] += 1
+        self.integrity[kind] += 1
+        if example is not None and kind != "ok":
+            same = sum(1 for e in self.examples if e.get("kind") == kind)
+            if same < MAX_EXAMPLES_PER_KIND:
+                self.examples.append({"kind": kind, **example})
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self.in_flight_by_window.values())
+
+    # -- shipping (worker → master) ------------------------------------------------
+
+    def drain(self, now_t: float, final: bool = False) -> dict[str, Any]:
+        """Everything recorded since the last drain, encoded; resets what it ships.
+
+        Windows ship only when complete here: before ``now_t`` and before the oldest
+        window that still has a request in flight (all of them when ``final``).
+        """
+        if final:
+            complete = math.inf
+        else:
+            complete = int(now_t // self.window_s)
+            if self.in_flight_by_window:
+                complete = min(complete, min(self.in_flight_by_window))
+        windows = {}
+        for w in sorted(self.windows):
+            if w < complete:
+                windows[str(w)] = {c: cell.encode() for c, cell in self.windows.pop(w).items()}
+        delta = {
+            "classes": {c: cell.encode() for c, cell in self.classes.items()},
+            "stages": {
+                s: {c: cell.encode() for c, cell in d.items()} for s, d in self.stages.items()
+            },
+            "windows": windows,
+            "complete_through": None if final else complete,
+            "lag": encode(self.dispatch_lag),
+            "err": encode(self.error_latency),
+            "first": encode(self.first),
+            "integrity": dict(self.integrity),
+            "examples": self.examples,
+            "in_flight": self.in_flight if final else 0,
+        }
+        self.classes = {}
+        self.stages = {}
+        self.dispatch_lag = new_histogram()
+        self.error_latency = new_histogram()
+        # "first" keeps counting locally so a worker ships at most first_n of them
+        if self.first.get_total_count() < self.first_n:
+            self.first_n -= self.first.get_total_count()
+        else:
+            self.first_n = 0
+        self.first = new_histogram()
+        self.integrity = Counter()
+        self.examples = []
+        if final:
+            self.closed = True
+        return delta
+
+    # -- merging (master) ----------------------------------------------------------
+
+    def expect(self, sources: Iterable[str]) -> None:
+        """Hold windows until these sources (workers) have shipped past them."""
+        for source in sources:
+            self._watermarks.setdefault(source, 0)
+
+    def merge(self, delta: Mapping[str, Any], source: str = "local") -> None:
+        """Add a worker's ``drain()`` delta; summarise windows every source has completed."""
+        for c, data in (delta.get("classes") or {}).items():
+            self.classes.setdefault(c, Cell()).add(data)
+        for s, d in (delta.get("stages") or {}).items():
+            st = self.stages.setdefault(s, {})
+            for c, data in d.items():
+                st.setdefault(c, Cell()).add(data)
+        for w_text, d in (delta.get("windows") or {}).items():
+            w = int(w_text)
+            if w < self._summarised_through:
+                # A straggler for an already summarised window: keep its counts honest.
+                self._late_into_rows(w, d)
+                continue
+            wd = self.windows.setdefault(w, {})
+            for c, data in d.items():
+                wd.setdefault(c, Cell()).add(data)
+        for key, hist in (("lag", self.dispatch_lag), ("err", self.error_latency)):
+            if delta.get(key):
+                hist.decode_and_add(delta[key])
+        if delta.get("first"):
+            self.first.decode_and_add(delta["first"])
+        self.integrity.update(delta.get("integrity") or {})
+        for ex in delta.get("examples") or []:
+            same = sum(1 for e in self.examples if e.get("kind") == ex.get("kind"))
+            if same < MAX_EXAMPLES_PER_KIND:
+                self.examples.append(ex)
+        self.in_flight_final += int(delta.get("in_flight") or 0)
+        through = delta.get("complete_through")
+        self._watermarks[source] = math.inf if through is None else int(through)
+        self._summarise(min(self._watermarks.values()))
+
+    def _summarise(self, through: float) -> None:
+        for w in sorted(self.windows):
+            if w >= through:
+                break
+            self.rows.extend(self._rows_for(w, self.windows.pop(w)))
+            self._summarised_through = max(self._summarised_through, w + 1)
+
+    def _rows_for(self, w: int, cells: Mapping[str, Cell]) -> list[dict[str, Any]]:
+        rows = []
+        for cls in sorted(cells):
+            cell = cells[cls]
+            errors = {k: v for k, v in cell.counts.items() if k not in ("ok", "scheduled") and v}
+            ok = int(cell.counts.get("ok", 0))
+            row = {
+                "t": round(w * self.window_s, 6),
+                "class": cls,
+                "scheduled": int(cell.counts.get("scheduled", 0)),
+                "n": ok + sum(errors.values()),
+                "ok": ok,
+                "errors": dict(sorted(errors.items())),
+            }
+            row.update(percentiles_ms(cell.hdr or new_histogram()))
+            rows.append(row)
+        return rows
+
+    def _late_into_rows(self, w: int, data: Mapping[str, Any]) -> None:
+        for cls, cell_data in data.items():
+            cell = Cell()
+            cell.add(cell_data)
+            self.rows.extend(self._rows_for(w, {cls: cell}))
+            self.rows[-1]["late"] = True
+
+    def finish(self) -> None:
+        """Summarise every remaining window (call once all sources sent their final delta)."""
+        self._summarise(math.inf)
+        self.rows.sort(key=lambda r: (r["t"], r["class"]))
+
+    # -- the results-document view -----------------------------------------------
+
+    def totals(self) -> Cell:
+        total = Cell()
+        for cell in self.classes.values():
+            total.add_cell(cell)
+        return total
+
+    def by_class(self) -> dict[str, Any]:
+        return {
+            cls: {"counters": counters_view(cell.counts), "latency_hdr": encode(cell.hdr)}
+            for cls, cell in sorted(self.classes.items())
+        }
+
+    def by_stage(self) -> dict[str, Any]:
+        return {
+            stage: {
+                cls: {"counters": counters_view(cell.counts), "latency_hdr": encode(cell.hdr)}
+                for cls, cell in sorted(d.items())
+            }
+            for stage, d in self.stages.items()
+        }
+
+
+def merged(deltas: Iterable[Mapping[str, Any]], window_s: float = 1.0) -> Recording:
+    """A master-side Recording from a sequence of final deltas (one per source)."""
+    rec = Recording(window_s=window_s)
+    for i, d in enumerate(deltas):
+        rec.merge(d, source=str(i))
+    rec.finish()
+    return rec

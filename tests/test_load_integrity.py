@@ -1,0 +1,99 @@
+"""Integrity classification on synthetic golden outputs, and answer parsing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from harness.load.integrity import (
+    BadResponse,
+    build_golden,
+    flatten,
+    golden_from_wire,
+    golden_to_wire,
+    parse_answer,
+)
+
+
+def _outputs(n: int = 16, dim: int = 10, seed: int = 3) -> list[list[float]]:
+    rng = random.Random(seed)
+    return [[rng.uniform(-5, 5) for _ in range(dim)] for _ in range(n)]
+
+
+def test_own_output_is_ok_even_with_small_batching_noise() -> None:
+    outs = _outputs()
+    g = build_golden(outs)
+    noisy = [v + 1e-6 for v in outs[4]]
+    assert g.classify(4, noisy).kind == "ok"
+
+
+def test_another_inputs_output_is_cross_wired() -> None:
+    outs = _outputs()
+    g = build_golden(outs)
+    v = g.classify(4, [x + 1e-7 for x in outs[9]])
+    assert v.kind == "cross_wired" and v.matched == 9
+
+
+def test_own_output_beyond_tolerance_is_drift() -> None:
+    outs = _outputs()
+    g = build_golden(outs)
+    shifted = [x + 0.05 for x in outs[2]]
+    assert g.classify(2, shifted).kind == "drift"
+    assert g.classify(2, outs[2][:-1]).kind == "drift"  # wrong length
+    assert g.classify(2, ["a"] * 10).kind == "drift"
+
+
+def test_tolerance_widens_for_a_nondeterministic_server() -> None:
+    outs = _outputs()
+    tight = build_golden(outs).tolerance
+    again = [x + 1e-3 for x in outs[0]]
+    loose = build_golden(outs, repeats=[(0, again)]).tolerance
+    assert loose >= 10 * 1e-3 * 0.999 > tight
+
+
+def test_indistinguishable_inputs_are_twins_not_cross_wires() -> None:
+    outs = _outputs(8)
+    outs[5] = list(outs[3])  # two inputs with the same answer
+    g = build_golden(outs)
+    assert g.distinct == 6
+    assert g.classify(3, outs[5]).kind == "ok"
+    assert g.classify(0, outs[5]).kind == "cross_wired"
+
+
+def test_non_numeric_outputs_compare_exactly() -> None:
+    outs = [["cat"], ["dog"], ["eel"]]
+    g = build_golden(outs)
+    assert g.classify(0, ["cat"]).kind == "ok"
+    assert g.classify(0, ["dog"]).kind == "cross_wired"
+    assert g.classify(0, ["cow"]).kind == "drift"
+
+
+def test_golden_survives_the_wire() -> None:
+    g = build_golden(_outputs())
+    again = golden_from_wire(json.loads(json.dumps(golden_to_wire(g))))
+    assert again.tolerance == g.tolerance
+    assert again.classify(7, g.outputs[7]).kind == "ok"
+    assert again.classify(7, g.outputs[1]).kind == "cross_wired"
+
+
+def test_parse_answer_flattens_and_orders_outputs() -> None:
+    body = json.dumps(
+        {
+            "id": "42",
+            "outputs": [
+                {"name": "b", "shape": [1, 2], "datatype": "FP32", "data": [[3.0, 4.0]]},
+                {"name": "a", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]},
+            ],
+        }
+    ).encode()
+    rid, values = parse_answer(body)
+    assert rid == "42" and values == (1.0, 2.0, 3.0, 4.0)
+    assert flatten([[[1], [2]], [[3], [4]]]) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"outputs": []}', b'{"error": "x"}', b"[1]"])
+def test_parse_answer_rejects_non_v2_bodies(body: bytes) -> None:
+    with pytest.raises(BadResponse):
+        parse_answer(body)
