@@ -1,0 +1,218 @@
+"""Unit tests: config, faults parsing, priority mapping, the pure batch queue, models."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from reference_server.batcher import Batcher, BatcherConfig, BatchQueue, Pending, QueueFull
+from reference_server.config import ConfigError, ServerConfig, parse_config
+from reference_server.faults import FaultSet, parse_faults
+from reference_server.models import MLPModel, SimModel
+from reference_server.protocol import priority_level
+
+
+def item(level: int, t: float, n: int = 1) -> Pending:
+    return Pending(np.zeros((n, 2), np.float32), level, t, None)
+
+
+# -- config --------------------------------------------------------------------------
+
+
+def test_config_defaults_and_flags() -> None:
+    cfg = parse_config([])
+    assert (cfg.model, cfg.max_batch_size, cfg.max_delay_ms, cfg.priority_levels) == (
+        "mlp",
+        32,
+        5.0,
+        2,
+    )
+    assert cfg.queue_capacity == 128 and cfg.workers == 1 and cfg.blas_threads == 1
+    assert cfg.served_name == "mlp"
+    cfg = parse_config(
+        ["--model", "sim", "--model-name", "m", "--queue-size", "7", "--mlp-dims", "4,5,6"]
+    )
+    assert cfg.served_name == "m" and cfg.queue_capacity == 7 and cfg.mlp_dims == (4, 5, 6)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--max-batch-size", "0"], "--max-batch-size has value 0. Expected an integer >= 1"),
+        (["--queue-size", "0"], "--queue-size has value 0"),
+        (["--workers", "0"], "--workers has value 0"),
+        (["--priority-levels", "0"], "--priority-levels has value 0"),
+        (["--max-delay-ms", "-1"], "--max-delay-ms has value -1.0"),
+        (["--mlp-dims", "5"], "--mlp-dims has value '5'"),
+        (["--sim-dims", "1,2,3"], "--sim-dims has value '1,2,3'"),
+        (["--fault", "bogus"], "--fault has value 'bogus'. Expected NAME[:PARAM] with NAME one of"),
+        (
+            ["--fault", "cross-wire:2"],
+            "--fault has value 'cross-wire:2'. Expected cross-wire:P with 0 <= P <= 1",
+        ),
+        (["--fault", "leak-memory:x"], "leak-memory:BYTES_PER_REQUEST"),
+        (["--fault", "stall:1,2"], "0 < HOLD_S < PERIOD_S"),
+        (["--fault", "no-batching:3"], "no-batching without a parameter"),
+    ],
+)
+def test_config_errors_name_flag_value_and_valid(argv: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(argv)
+    assert needle in str(exc.value)
+
+
+def test_bad_dims_type_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--mlp-dims", "a,b"])
+    assert exc.value.code == 2
+    assert "--mlp-dims has value 'a,b'" in capsys.readouterr().err
+
+
+def test_fault_defaults_and_names() -> None:
+    f = parse_faults(
+        [
+            "leak-memory",
+            "leak-threads",
+            "leak-fds:7",
+            "cross-wire",
+            "slow-start",
+            "stall",
+            "no-batching",
+            "unbounded-queue",
+            "ignore-priority",
+        ]
+    )
+    assert f.names() == [
+        "leak-memory:4096",
+        "leak-threads:100",
+        "leak-fds:7",
+        "no-batching",
+        "unbounded-queue",
+        "ignore-priority",
+        "cross-wire:0.05",
+        "slow-start:5",
+        "stall:10,0.5",
+    ]
+    assert not FaultSet() and f
+    assert ServerConfig(faults=f).faults.stall == (10.0, 0.5)
+
+
+# -- priority -----------------------------------------------------------------------
+
+
+def test_priority_levels_follow_triton() -> None:
+    # 1 = highest; 0, absent or above the number of levels = default = lowest level.
+    assert [priority_level(p, 2) for p in (0, 1, 2, 3, 99)] == [1, 0, 1, 1, 1]
+    assert [priority_level(p, 3) for p in (0, 1, 2, 3, 4)] == [2, 0, 1, 2, 2]
+    assert priority_level(1, 1) == 0 and priority_level(0, 1) == 0
+
+
+# -- batch queue --------------------------------------------------------------------
+
+
+def test_queue_rejects_at_capacity_per_level() -> None:
+    q = BatchQueue(levels=2, capacity=2)
+    assert q.offer(item(1, 0)) and q.offer(item(1, 1))
+    assert not q.offer(item(1, 2))
+    assert q.offer(item(0, 3))  # the other level has its own bound
+    assert (q.depth(0), q.depth(1), q.live) == (1, 2, 3)
+    unbounded = BatchQueue(levels=1, capacity=1, bounded=False)
+    assert all(unbounded.offer(item(0, t)) for t in range(10))
+
+
+def test_take_serves_high_priority_first_and_respects_max_rows() -> None:
+    q = BatchQueue(levels=2, capacity=10)
+    low = [item(1, t) for t in range(3)]
+    high = [item(0, 10 + t, n=2) for t in range(2)]
+    for x in low + high:
+        q.offer(x)
+    assert q.oldest() == 0
+    batch = q.take(max_rows=5)
+    assert batch == [high[0], high[1], low[0]]
+    assert q.live == 2 and q.live_rows == 2
+    assert q.take(max_rows=10, max_requests=1) == [low[1]]
+
+
+def test_take_stops_at_a_request_that_does_not_fit() -> None:
+    q = BatchQueue(levels=1, capacity=10)
+    a, b, c = item(0, 0, n=3), item(0, 1, n=3), item(0, 2, n=1)
+    for x in (a, b, c):
+        q.offer(x)
+    assert q.take(max_rows=4) == [a]  # FIFO: c does not jump over b
+
+
+def test_discard_is_lazy_and_keeps_counts() -> None:
+    q = BatchQueue(levels=1, capacity=2)
+    a, b = item(0, 0), item(0, 1)
+    q.offer(a)
+    q.offer(b)
+    assert q.discard(a) and not q.discard(a)
+    assert q.depth(0) == 1 and q.oldest() == 1
+    assert q.offer(item(0, 2))  # the discarded slot is free again
+    assert q.take(max_rows=10)[0] is b
+
+
+# -- batcher on a loop ------------------------------------------------------------------
+
+
+def test_batcher_forms_batches_and_splits_outputs() -> None:
+    calls: list[int] = []
+
+    def run(x: np.ndarray) -> np.ndarray:
+        calls.append(x.shape[0])
+        return x * 2
+
+    async def main() -> list[np.ndarray]:
+        b = Batcher(run, BatcherConfig(max_batch_size=8, max_delay_s=0.05, levels=1, capacity=8))
+        await b.start()
+        futs = [b.submit(np.full((1, 2), i, np.float32), 0, None) for i in range(4)]
+        with pytest.raises(QueueFull):
+            for _ in range(10):
+                b.submit(np.zeros((1, 2), np.float32), 0, None)
+        out = await asyncio.gather(*futs)
+        await b.stop()
+        return out
+
+    out = asyncio.run(main())
+    assert [float(o[0, 0]) for o in out] == [0.0, 2.0, 4.0, 6.0]
+    assert calls[0] == 8  # all queued requests went in one batch
+
+
+def test_cross_wire_swaps_outputs_in_a_batch() -> None:
+    async def main() -> list[np.ndarray]:
+        cfg = BatcherConfig(
+            max_batch_size=4, max_delay_s=0.05, levels=1, capacity=4, cross_wire_p=1.0
+        )
+        b = Batcher(lambda x: x.copy(), cfg)
+        await b.start()
+        futs = [b.submit(np.full((1, 2), i, np.float32), 0, None) for i in range(4)]
+        out = await asyncio.gather(*futs)
+        await b.stop()
+        assert b.cross_wired_batches == 1
+        return out
+
+    out = asyncio.run(main())
+    mismatched = [i for i, o in enumerate(out) if float(o[0, 0]) != i]
+    assert len(mismatched) == 2
+
+
+# -- models ---------------------------------------------------------------------------
+
+
+def test_mlp_is_deterministic_and_batch_invariant() -> None:
+    a, b = MLPModel("m", (8, 32, 4), seed=3), MLPModel("m", (8, 32, 4), seed=3)
+    x = np.random.default_rng(0).standard_normal((5, 8), dtype=np.float32)
+    ya = a.predict(x)
+    np.testing.assert_array_equal(ya, b.predict(x))
+    np.testing.assert_allclose(a.predict(x[2:3]), ya[2:3], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(MLPModel("m", (8, 32, 4), seed=4).predict(x), ya)
+
+
+def test_sim_costs_base_plus_item_and_outputs_depend_on_input() -> None:
+    slept: list[float] = []
+    m = SimModel("s", (4, 2), base_ms=15, item_ms=0.5, seed=0, sleep=slept.append)
+    y = m.predict(np.eye(4, dtype=np.float32))
+    assert slept == [pytest.approx(0.017)]
+    assert y.shape == (4, 2) and len({tuple(r) for r in y.round(4)}) == 4
