@@ -312,11 +312,15 @@ class SutProcess:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(self._popen.pid, signal.SIGKILL)
                     self._popen.wait(5.0)
-                # Children the server left behind (it should have reaped them).
+                # Children the server left behind (it should have ended them itself).
+                leftovers = []
                 for p in family[1:]:
                     with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
-                        if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                            os.kill(p, signal.SIGKILL)
+                        proc = psutil.Process(p)
+                        if proc.status() != psutil.STATUS_ZOMBIE:
+                            proc.kill()  # psutil checks the pid was not reused
+                            leftovers.append(proc)
+                psutil.wait_procs(leftovers, timeout=5.0)
             return self._popen.returncode
         finally:
             if self._log_file is not None:

@@ -1,0 +1,181 @@
+"""harness.sut: start a real server process, wait for readiness, pin, stop, restart, attach."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from harness.errors import ConfigError, TargetUnavailable
+from harness.sut import CoreSplit, SutProcess, attach, choose_cores, free_port, parse_cores
+
+# A small real HTTP server: /v2/health/ready answers 503 until READY_AFTER seconds have
+# passed, then 200; it runs two extra worker threads so pinning can be checked per thread.
+READY_SERVER = textwrap.dedent(
+    """
+    import sys, threading, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    port, ready_after = int(sys.argv[1]), float(sys.argv[2])
+    t0 = time.monotonic()
+    print("starting on", port, flush=True)
+    print("a line on stderr", file=sys.stderr, flush=True)
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.path == "/v2/health/ready" and time.monotonic() - t0 >= ready_after
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    for _ in range(2):
+        threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def server_script(tmp_path):
+    p = tmp_path / "ready_server.py"
+    p.write_text(READY_SERVER)
+    return str(p)
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_choose_cores_splits_and_shares():
+    assert choose_cores([0, 1]) == CoreSplit(sut=(1,), loadgen=(0,))
+    assert choose_cores([0, 1, 2, 3]) == CoreSplit(sut=(2, 3), loadgen=(0, 1))
+    assert choose_cores([0, 1, 2, 3], sut_count=1).sut == (3,)
+    one = choose_cores([5])
+    assert one.sut == one.loadgen == (5,) and one.shared
+    assert not choose_cores([0, 1]).shared
+    assert choose_cores([0, 1]).as_dict() == {"sut": [1], "loadgen": [0], "shared": False}
+    with pytest.raises(ConfigError, match="sut_cores has value 3"):
+        choose_cores([0, 1], sut_count=3)
+
+
+def test_parse_cores():
+    assert parse_cores("0,2-3") == (0, 2, 3)
+    assert parse_cores("1") == (1,)
+    with pytest.raises(ConfigError, match="'a-b'"):
+        parse_cores("a-b")
+
+
+def test_template_placeholders_and_bad_placeholder():
+    s = SutProcess("srv --port {port} --workers {threads}", port=1234, threads=3)
+    assert s.argv == ["srv", "--port", "1234", "--workers", "3"]
+    assert s.url == "http://127.0.0.1:1234"
+    with pytest.raises(ConfigError, match="bad placeholder"):
+        SutProcess("srv --port {prot}")
+
+
+@pytest.mark.slow
+def test_start_ready_pinned_stop_restart(server_script):
+    cores = (max(os.sched_getaffinity(0)),)
+    sut = SutProcess([sys.executable, server_script, "{port}", "0.3"], cores=cores)
+    with sut:
+        ready_s = sut.wait_ready(timeout=30)
+        assert ready_s >= 0.3  # the server says 503 for its first 0.3 s
+        assert _get(sut.url + "/v2/health/ready") == 200
+        # every thread, including those started after exec, inherited the pinning
+        threads = psutil.Process(sut.pid).threads()
+        assert len(threads) >= 3
+        for t in threads:
+            assert os.sched_getaffinity(t.id) == set(cores)
+        assert sut.pids() == [sut.pid]
+        # its own process group / session, so a Ctrl-C to us is not delivered to it
+        assert os.getpgid(sut.pid) != os.getpgid(0)
+        old = sut.pid
+        again = sut.restart(ready_timeout=30)
+        assert again is not None and again > 0
+        assert sut.pid != old
+        assert not psutil.pid_exists(old)  # stopped and reaped
+        assert "starting on" in sut.tail()
+        pid = sut.pid
+    assert not sut.alive()
+    assert not psutil.pid_exists(pid)
+
+
+@pytest.mark.slow
+def test_exit_before_ready_names_url_and_shows_output(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import sys\nprint('model file not found: /nope', file=sys.stderr)\nsys.exit(3)\n"
+    )
+    sut = SutProcess([sys.executable, str(script), "{port}"])
+    try:
+        with pytest.raises(TargetUnavailable) as err:
+            sut.wait_ready(timeout=30)
+        msg = str(err.value)
+        assert "exited with code 3" in msg
+        assert f"127.0.0.1:{sut.port}/v2/health/ready" in msg
+        assert "model file not found: /nope" in msg
+    finally:
+        sut.stop()
+
+
+@pytest.mark.slow
+def test_never_ready_times_out(server_script):
+    sut = SutProcess([sys.executable, server_script, "{port}", "3600"])
+    try:
+        with pytest.raises(TargetUnavailable, match="did not answer 200"):
+            sut.wait_ready(timeout=0.8)
+        assert sut.alive()  # a timeout does not kill it; stop() does
+    finally:
+        sut.stop()
+    assert not sut.alive()
+
+
+@pytest.mark.slow
+def test_stop_escalates_to_sigkill_and_reaps_children(tmp_path):
+    # Ignores SIGTERM and has a child: stop() must still end both, by pid.
+    script = tmp_path / "stubborn.py"
+    script.write_text(
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    sut = SutProcess([sys.executable, str(script)], port=free_port())
+    sut.start()
+    deadline = time.monotonic() + 20
+    while len(sut.pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    family = sut.pids()
+    assert len(family) == 2
+    code = sut.stop(timeout=0.5)
+    assert code == -9
+    for p in family:
+        assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+
+
+def test_attach_existing_and_missing_pid():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        a = attach(p.pid, url="http://127.0.0.1:1")
+        assert a.pids() == [p.pid]
+        assert set(a.cores) == os.sched_getaffinity(p.pid)
+        assert not a.can_restart and a.alive()
+    finally:
+        p.kill()
+        p.wait()
+    with pytest.raises(TargetUnavailable, match="no such process"):
+        attach(p.pid)
