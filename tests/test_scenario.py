@@ -491,3 +491,26 @@ def test_quick_scale_applies_to_durations_but_not_to_timeouts() -> None:
     assert (q.chaos[0].at_s, q.chaos[0].duration_s) == pytest.approx((1, 2))
     assert q.load.request_timeout_s == 4
     assert parse_scenario(data, "t.toml").stages[0].duration_s == 100
+
+
+def test_packaged_check_overrides_are_parameters_the_checks_know() -> None:
+    # The checks engineer owns parameter names; a typo in a packaged file must not reach a
+    # user as a ConfigError at the end of a 1 h soak.
+    import importlib
+    import pkgutil
+
+    import harness.checks
+
+    for mod in pkgutil.iter_modules(harness.checks.__path__):
+        importlib.import_module(f"harness.checks.{mod.name}")
+    from harness.checks.registry import REGISTRY, validate_overrides
+
+    checked = 0
+    for name in EIGHT:
+        for mode in ("quick", "full"):
+            for cid, over in load_scenario(name, mode).check_config().items():  # type: ignore[arg-type]
+                if over:
+                    assert cid in REGISTRY, f"{name}: {cid} has overrides but no check yet"
+                    validate_overrides(cid, over, f"{name}.toml")
+                    checked += 1
+    assert checked >= 8
