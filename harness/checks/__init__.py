@@ -1,0 +1,30 @@
+"""Checks: pure functions from a scenario result to verdicts (DESIGN §4.3).
+
+``evaluate(result, overrides)`` runs the checks a scenario lists in ``check_config``
+(plus ``accounting.balanced``); ``validity(result)`` lists why a run judges nothing;
+``verdict(checks, validity)`` reduces them to "pass" | "fail" | "invalid". Defaults and
+their reasoning: docs/checks.md.
+"""
+
+from __future__ import annotations
+
+# Importing the check modules registers their checks.
+from harness.checks import correctness, latency, overload, soak  # noqa: F401
+from harness.checks.engine import ValidityParams, evaluate, validity, verdict
+from harness.checks.model import Check, CheckSpec
+from harness.checks.registry import REGISTRY, load_checklist, resolve_params
+
+CHECK_IDS: tuple[str, ...] = tuple(REGISTRY)
+
+__all__ = [
+    "CHECK_IDS",
+    "REGISTRY",
+    "Check",
+    "CheckSpec",
+    "ValidityParams",
+    "evaluate",
+    "load_checklist",
+    "resolve_params",
+    "validity",
+    "verdict",
+]

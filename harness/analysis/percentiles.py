@@ -1,0 +1,213 @@
+"""Percentiles from HDR histograms, with their sample size and confidence.
+
+Histograms are ``HdrHistogram(1 µs, 60 s, 3 significant digits)`` holding microseconds,
+stored in results as ``encode()`` strings. Percentiles are nearest-rank over the recorded
+counts, so a p99 always names a latency some request really had (to HDR precision).
+
+Two kinds of confidence (REFERENCE §F):
+
+* ``percentile_ci`` — a distribution-free confidence interval for a quantile from order
+  statistics: the number of samples at or below the true quantile is Binomial(n, q), so
+  ranks (l, u) with P(l ≤ B < u) ≥ confidence bound it. Nothing is assumed about the
+  latency distribution.
+* ``slo_assessment`` — MLPerf LoadGen's early-stopping rule: with ``overs`` of ``n``
+  requests above the SLO, the p-th percentile is under the SLO with the given confidence
+  only if P(Binomial(n, 1 − q) ≤ overs) ≤ 1 − confidence. At q = 0.99 and confidence 0.99
+  this needs n ≥ 459 with none over, 662 with one, 1307 with five. Below that the verdict
+  is "insufficient", never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+from scipy.stats import binom
+
+LOWEST_US = 1
+HIGHEST_US = 60_000_000
+SIGNIFICANT_DIGITS = 3
+
+
+def new_histogram() -> HdrHistogram:
+    """An empty histogram with the project's fixed range (1 µs – 60 s, 3 digits)."""
+    return HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS)
+
+
+def decode(encoded: str | bytes) -> HdrHistogram:
+    """Decode one ``encode()`` string (str as stored in JSON, or bytes)."""
+    if isinstance(encoded, str):
+        encoded = encoded.encode("ascii")
+    return HdrHistogram.decode(encoded)
+
+
+def merge(encoded: Iterable[str | bytes | HdrHistogram | None]) -> HdrHistogram:
+    """Merge histograms exactly (never average percentiles across histograms).
+
+    ``None`` entries (a class with no ok response) are skipped; the result may be empty.
+    """
+    total = new_histogram()
+    for item in encoded:
+        if item is None:
+            continue
+        total.add(item if isinstance(item, HdrHistogram) else decode(item))
+    return total
+
+
+def _cumulative(hist: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct recorded values (µs, highest equivalent) and cumulative counts."""
+    values: list[int] = []
+    cum: list[int] = []
+    for item in hist.get_recorded_iterator():
+        values.append(item.value_iterated_to)
+        cum.append(item.total_count_to_this_value)
+    return np.asarray(values, dtype=np.int64), np.asarray(cum, dtype=np.int64)
+
+
+def value_at_rank_us(hist: HdrHistogram, rank: int) -> int:
+    """The ``rank``-th smallest recorded value (1-based), in µs."""
+    values, cum = _cumulative(hist)
+    n = int(cum[-1]) if len(cum) else 0
+    if not 1 <= rank <= n:
+        raise ValueError(f"rank {rank} outside 1..{n}")
+    return int(values[int(np.searchsorted(cum, rank, side="left"))])
+
+
+def nearest_rank(n: int, q: float) -> int:
+    """Nearest-rank index (1-based) of quantile ``q`` (0 < q < 1) among ``n`` samples."""
+    # the small epsilon keeps 0.99 * 1000 from becoming 991 through float error
+    return min(n, max(1, math.ceil(q * n - 1e-9)))
+
+
+def percentile_ms(hist: HdrHistogram, percentile: float) -> float | None:
+    """The ``percentile`` (0–100) in milliseconds, or None for an empty histogram."""
+    n = hist.get_total_count()
+    if n == 0:
+        return None
+    return value_at_rank_us(hist, nearest_rank(n, percentile / 100.0)) / 1000.0
+
+
+def count_above_ms(hist: HdrHistogram, limit_ms: float) -> int:
+    """How many recorded values exceed ``limit_ms`` (to HDR precision)."""
+    values, cum = _cumulative(hist)
+    if not len(values):
+        return 0
+    idx = int(np.searchsorted(values, limit_ms * 1000.0, side="right"))
+    at_or_below = int(cum[idx - 1]) if idx > 0 else 0
+    return int(cum[-1]) - at_or_below
+
+
+def quantile_rank_ci(n: int, q: float, confidence: float) -> tuple[int | None, int | None]:
+    """Order-statistic ranks (1-based) bounding the ``q`` quantile with ``confidence``.
+
+    Two-sided, equal tails. ``None`` for a bound that ``n`` samples cannot give: the
+    upper bound is missing when too few samples lie above the quantile (a p99 from 100
+    samples has no upper confidence bound).
+    """
+    if n <= 0:
+        return None, None
+    tail = (1.0 - confidence) / 2.0
+    # B = number of samples <= true quantile ~ Binomial(n, q).
+    # P(X_(l) <= xi) = P(B >= l); choose l with P(B <= l - 1) <= tail.
+    lower = int(binom.ppf(tail, n, q))
+    if lower >= 1 and binom.cdf(lower - 1, n, q) > tail:
+        lower -= 1
+    # P(X_(u) >= xi) = P(B <= u - 1); choose u with P(B >= u) <= tail.
+    upper = int(binom.ppf(1.0 - tail, n, q)) + 1
+    return (lower if lower >= 1 else None), (upper if upper <= n else None)
+
+
+@dataclass(frozen=True)
+class PercentileEstimate:
+    percentile: float  # 0–100
+    value_ms: float | None
+    n: int
+    confidence: float
+    ci_low_ms: float | None
+    ci_high_ms: float | None
+
+
+def percentile_ci(
+    hist: HdrHistogram, percentile: float = 99.0, confidence: float = 0.95
+) -> PercentileEstimate:
+    """A percentile with its distribution-free confidence interval."""
+    n = hist.get_total_count()
+    if n == 0:
+        return PercentileEstimate(percentile, None, 0, confidence, None, None)
+    q = percentile / 100.0
+    lo, hi = quantile_rank_ci(n, q, confidence)
+    return PercentileEstimate(
+        percentile=percentile,
+        value_ms=value_at_rank_us(hist, nearest_rank(n, q)) / 1000.0,
+        n=n,
+        confidence=confidence,
+        ci_low_ms=None if lo is None else value_at_rank_us(hist, lo) / 1000.0,
+        ci_high_ms=None if hi is None else value_at_rank_us(hist, hi) / 1000.0,
+    )
+
+
+def early_stopping_min_n(overs: int, q: float = 0.99, confidence: float = 0.99) -> int:
+    """Fewest requests with ``overs`` of them above the SLO that show p(q) ≤ SLO.
+
+    The general MLPerf rule: the smallest n with P(Binomial(n, 1 − q) ≤ overs) ≤
+    1 − confidence. Found by doubling then bisection (the tail shrinks as n grows).
+    """
+    if overs < 0:
+        raise ValueError(f"overs must be >= 0, got {overs}")
+    alpha = 1.0 - confidence
+
+    def enough(n: int) -> bool:
+        return binom.cdf(overs, n, 1.0 - q) <= alpha
+
+    lo, hi = overs, max(overs + 1, 2)
+    while not enough(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class SloAssessment:
+    """Is the ``percentile`` of a histogram within ``slo_ms``, and how sure are we."""
+
+    verdict: Literal["pass", "fail", "insufficient"]
+    value_ms: float | None  # point estimate of the percentile
+    n: int
+    overs: int  # requests above the SLO
+    min_n: int  # requests needed for a confident pass given ``overs``
+    percentile: float
+    confidence: float
+
+
+def slo_assessment(
+    hist: HdrHistogram, slo_ms: float, percentile: float = 99.0, confidence: float = 0.99
+) -> SloAssessment:
+    """Judge ``p(percentile) <= slo_ms`` with MLPerf's early-stopping rule.
+
+    * fail — the point estimate is above the SLO (with at least the samples a
+      zero-over pass would need, so a handful of slow first requests cannot fail it);
+    * pass — the point estimate is within the SLO and n meets the early-stopping bound;
+    * insufficient — otherwise (too few samples to say either way).
+    """
+    n = hist.get_total_count()
+    q = percentile / 100.0
+    overs = count_above_ms(hist, slo_ms)
+    min_n = early_stopping_min_n(overs, q, confidence)
+    value = percentile_ms(hist, percentile)
+    floor_n = early_stopping_min_n(0, q, confidence)
+    if value is not None and value > slo_ms and n >= floor_n:
+        verdict: Literal["pass", "fail", "insufficient"] = "fail"
+    elif value is not None and value <= slo_ms and n >= min_n:
+        verdict = "pass"
+    else:
+        verdict = "insufficient"
+    return SloAssessment(verdict, value, n, overs, min_n, percentile, confidence)

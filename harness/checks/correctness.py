@@ -1,0 +1,151 @@
+"""Correctness checks: response integrity, thread-scaling linearity, request accounting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from harness.analysis.linearity import efficiency, fit_usl, medians
+from harness.analysis.validity import accounting_imbalance
+from harness.checks import _data as d
+from harness.checks._data import fmt
+from harness.checks.model import Check, Result
+from harness.checks.registry import register
+
+
+@register(
+    "integrity.mismatches",
+    unit="responses",
+    op="<=",
+    defaults={"threshold": 0, "count_drift": False, "min_checked": 300},
+    summary="responses that do not belong to their request (must be 0)",
+)
+def mismatches(result: Mapping[str, Any], r: Result) -> Check:
+    integ = result.get("integrity")
+    if not integ:
+        return r.skipped("no response integrity data was recorded in this scenario")
+    checked = int(integ.get("checked") or 0)
+    cross = int(integ.get("cross_wired") or 0)
+    ids = int(integ.get("id_mismatch") or 0)
+    drift = int(integ.get("drift") or 0)
+    bad = cross + ids + (drift if r.params["count_drift"] else 0)
+    examples = integ.get("examples") or []
+    if bad > int(r.threshold):
+        ex = "; ".join(
+            f"{e.get('kind')}: sent input {e.get('sent_input')} got the output of "
+            f"{e.get('matched_input')} (request {e.get('request_id')})"
+            for e in examples[:3]
+        )
+        return r.judged(
+            bad,
+            False,
+            f"{bad} of {checked} responses did not belong to their request "
+            f"({cross} cross-wired, {ids} wrong id, {drift} drifted beyond "
+            f"tolerance {integ.get('tolerance')})"
+            + (f"; e.g. {ex}" if ex else "")
+            + " — the batcher mixes up outputs: check how batch rows are scattered back",
+            n=checked,
+        )
+    if checked < int(r.params["min_checked"]):
+        return r.skipped(
+            f"insufficient samples: {checked} responses checked (need >= "
+            f"{r.params['min_checked']}) — a mix-up rate r needs about 3/r requests",
+            value=bad,
+            n=checked,
+        )
+    # with zero seen in n, the 95 % upper bound on the mix-up rate is about 3/n
+    detail = (
+        f"0 of {checked} responses mismatched (rule of three: a mix-up rate above "
+        f"{3 / checked:.3%} would have shown with 95 % confidence)"
+    )
+    if drift:
+        detail += f"; {drift} drifted beyond tolerance {integ.get('tolerance')} (warning)"
+    return r.judged(bad, True, detail, n=checked)
+
+
+@register(
+    "linearity.efficiency",
+    unit="ratio",
+    op=">=",
+    defaults={"threshold": 0.75, "max_n": 0, "min_replicates": 1},
+    summary="X(N)/(N·X(1)) for N up to the cores available to the server, with a USL fit",
+)
+def linearity_efficiency(result: Mapping[str, Any], r: Result) -> Check:
+    lin = result.get("linearity")
+    if not lin or not lin.get("points"):
+        return r.skipped("no concurrency sweep was recorded in this scenario")
+    need = int(r.params["min_replicates"])
+    points = {int(p["n"]): [float(x) for x in p.get("throughput_rps") or []] for p in lin["points"]}
+    thin = sorted(n for n, xs in points.items() if len(xs) < need)
+    x1 = medians(points).get(1)
+    if x1 is None or x1 <= 0:
+        return r.skipped("no positive throughput measured at N = 1; efficiency needs X(1)")
+    max_n = int(r.params["max_n"]) or int(lin.get("cores_available") or 0)
+    if max_n <= 1:
+        return r.skipped(
+            "cores available to the server unknown or 1: nothing to scale over — set max_n"
+        )
+    judged_ns = [n for n in points if 1 < n <= max_n and len(points[n]) >= need]
+    if not judged_ns or 1 in thin:
+        return r.skipped(
+            f"insufficient samples: concurrency levels {thin} have fewer than {need} "
+            f"replicates and no level 2..{max_n} remains",
+            n=sum(len(x) for x in points.values()),
+        )
+    eff = efficiency({n: xs for n, xs in points.items() if len(xs) >= need})
+    worst_n = min(judged_ns, key=lambda n: eff[n])
+    worst = eff[worst_n]
+    ok = r.compare(worst)
+    curve = ", ".join(f"E({n})={eff[n]:.2f}" for n in sorted(eff) if n > 1)
+    fit = fit_usl(points)
+    usl = ""
+    if fit is not None:
+        peak = "none in range (κ=0)" if math.isinf(fit.n_peak) else f"N*={fit.n_peak:.1f}"
+        usl = f"; USL σ={fit.sigma:.3f} κ={fit.kappa:.4f}, {peak}"
+    reps = min(len(points[n]) for n in [1, *judged_ns])
+    detail = (
+        f"worst efficiency E({worst_n})={worst:.2f} {'>=' if ok else '<'} "
+        f"{fmt(r.threshold)} for N <= {max_n} (X(1)={fmt(x1)} req/s; "
+        f"{curve}{usl}; {reps} replicate(s) per level"
+        + (", fewer than 3: low confidence)" if reps < 3 else ")")
+    )
+    if not ok:
+        detail += (
+            " — a serialized stage (the GIL, a lock, one batcher thread): the per-thread "
+            "CPU shows which thread sits near 100 %"
+        )
+    return r.judged(round(worst, 4), ok, detail, n=sum(len(points[n]) for n in [1, *judged_ns]))
+
+
+@register(
+    "accounting.balanced",
+    unit="requests",
+    op="==",
+    defaults={"threshold": 0},
+    summary="every scheduled request accounted for (ok + failed + dropped + in flight)",
+)
+def balanced(result: Mapping[str, Any], r: Result) -> Check:
+    c = result.get("counters")
+    if not c:
+        return r.skipped("no request counters were recorded")
+    diff = accounting_imbalance(c)
+    per_class = {
+        name: accounting_imbalance(entry["counters"])
+        for name, entry in (result.get("by_class") or {}).items()
+        if entry.get("counters")
+    }
+    bad_classes = {k: v for k, v in per_class.items() if v}
+    ok = diff == int(r.threshold) and not bad_classes
+    failed = d.failed_total(c)
+    detail = (
+        f"scheduled {c.get('scheduled')} = ok {c.get('ok')} + failed {failed} + dropped "
+        f"{c.get('dropped', 0)} + in flight {c.get('in_flight', 0)}"
+    )
+    if diff:
+        detail = detail.replace(" = ", " != ", 1) + f" (off by {diff:+d})"
+    if bad_classes:
+        detail += "; per class off by " + ", ".join(f"{k} {v:+d}" for k, v in bad_classes.items())
+    if not ok:
+        detail += " — a harness defect, the run is invalid; report it with results.json"
+    return r.judged(diff, ok, detail, n=int(c.get("scheduled") or 0))

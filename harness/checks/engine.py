@@ -1,0 +1,153 @@
+"""Run a scenario's checks, judge the run's validity, and reduce to one verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from harness.analysis import validity as v
+from harness.checks import _data as d
+from harness.checks.model import Check
+from harness.checks.registry import REGISTRY, resolve_params, run_check
+from harness.errors import ConfigError, ResultFormatError
+
+ALWAYS: tuple[str, ...] = ("accounting.balanced",)
+# The checks whose threshold is the latency SLO that dispatch lag is measured against.
+SLO_CHECKS: tuple[str, ...] = ("steady.p99_ms", "priority.high_p99_ms")
+
+
+def evaluate(
+    scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> list[Check]:
+    """Run the checks in ``scenario_result["check_config"]`` plus ``accounting.balanced``.
+
+    Parameters: each check's defaults ← the scenario's ``check_config`` entry ← the
+    checklist ``overrides`` (``load_checklist``'s mapping). A checklist entry for a check
+    the scenario does not list changes nothing here.
+    """
+    config = scenario_result.get("check_config") or {}
+    if not isinstance(config, Mapping):
+        raise ResultFormatError(
+            f"scenario '{scenario_result.get('name')}': check_config has value {config!r}; "
+            "expected a mapping of check id to parameters"
+        )
+    overrides = overrides or {}
+    ids = list(config) + [c for c in ALWAYS if c not in config]
+    checks: list[Check] = []
+    for cid in ids:
+        if cid not in REGISTRY:
+            raise ConfigError(
+                f"scenario '{scenario_result.get('name')}' lists unknown check id '{cid}'. "
+                f"Valid ids: {', '.join(sorted(REGISTRY))}."
+            )
+        params = resolve_params(cid, config.get(cid), overrides.get(cid))
+        try:
+            checks.append(run_check(cid, scenario_result, params))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ResultFormatError(
+                f"scenario '{scenario_result.get('name')}': check '{cid}' cannot read the "
+                f"result ({type(e).__name__}: {e}); the results document does not match "
+                "docs/architecture.md"
+            ) from e
+    return checks
+
+
+def verdict(
+    checks: Sequence[Check], validity: Sequence[str] | None = None
+) -> Literal["pass", "fail", "invalid"]:
+    """invalid if the run judges nothing; fail if any check failed; else pass.
+
+    Skipped checks (passed None) neither pass nor fail; reports list them separately.
+    """
+    if validity:
+        return "invalid"
+    if any(c.passed is False for c in checks):
+        return "fail"
+    return "pass"
+
+
+@dataclass(frozen=True)
+class ValidityParams:
+    loadgen_max_pct: float = 90.0  # Locust's own warning level
+    loadgen_sustain_s: float = 5.0  # a single hot tick is not saturation
+    lag_max_fraction: float = 0.1  # dispatch lag p99 vs the SLO (REFERENCE §E)
+    default_slo_ms: float = 200.0  # when the scenario judges no p99
+    max_missed_frac: float = 0.05
+    max_gap_intervals: float = 5.0
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:
+        m = m or {}
+        names = {f.name for f in fields(cls)}
+        unknown = set(m) - names
+        if unknown:
+            raise ConfigError(
+                f"checklist [validity] has unknown parameter(s) {sorted(unknown)}. "
+                f"Valid parameters: {', '.join(sorted(names))}."
+            )
+        for k, val in m.items():
+            if isinstance(val, bool) or not isinstance(val, (int, float)):
+                raise ConfigError(
+                    f"checklist [validity] parameter '{k}' has value {val!r}. Not a valid number."
+                )
+        return cls(**{k: float(val) for k, val in m.items()})
+
+
+def _slo_ms(result: Mapping[str, Any], overrides: Mapping[str, Any], default: float) -> float:
+    """The tightest latency SLO the scenario judges (dispatch lag is relative to it)."""
+    config = result.get("check_config") or {}
+    slos = [
+        float(resolve_params(cid, config.get(cid), overrides.get(cid))["threshold"])
+        for cid in SLO_CHECKS
+        if cid in config
+    ]
+    return min(slos) if slos else default
+
+
+def validity(
+    scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Reasons the run judges nothing (empty list = valid). See docs/checks.md."""
+    overrides = overrides or {}
+    p = ValidityParams.from_mapping(overrides.get("validity"))
+    reasons: list[str | None] = []
+
+    sys_series = (scenario_result.get("system") or {}).get("series") or {}
+    cpu = sys_series.get("loadgen_cpu_pct")
+    if cpu and len(sys_series.get("t") or []) == len(cpu):
+        reasons.append(
+            v.loadgen_saturated(
+                sys_series["t"], cpu, max_pct=p.loadgen_max_pct, sustain_s=p.loadgen_sustain_s
+            )
+        )
+
+    lag = d.optional_hist(scenario_result.get("dispatch_lag_hdr"))
+    reasons.append(
+        v.dispatch_lag_excessive(
+            lag,
+            _slo_ms(scenario_result, overrides, p.default_slo_ms),
+            max_fraction=p.lag_max_fraction,
+        )
+    )
+
+    server = scenario_result.get("server")
+    if server:
+        reasons.append(
+            v.sampler_gaps(
+                (server.get("series") or {}).get("t") or [],
+                interval_s=float(server.get("interval_s") or 1.0),
+                ticks=server.get("ticks"),
+                missed_ticks=server.get("missed_ticks"),
+                max_missed_frac=p.max_missed_frac,
+                max_gap_intervals=p.max_gap_intervals,
+            )
+        )
+
+    counters = scenario_result.get("counters")
+    if counters:
+        reasons.append(v.accounting_unbalanced(counters, "run"))
+        for name, entry in (scenario_result.get("by_class") or {}).items():
+            if entry.get("counters"):
+                reasons.append(v.accounting_unbalanced(entry["counters"], f"class '{name}'"))
+    return [r for r in reasons if r]

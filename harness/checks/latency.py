@@ -1,0 +1,284 @@
+"""Service-level checks: cold start, steady state, mixed priority."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.analysis.percentiles import percentile_ms, slo_assessment
+from harness.checks import _data as d
+from harness.checks._data import fmt
+from harness.checks.model import Check, Result
+from harness.checks.registry import register
+
+
+def _stage_list(result: Mapping[str, Any], name: str) -> list[str] | None:
+    """``name`` as a one-stage list, or None (= whole run) when empty."""
+    return [name] if name else None
+
+
+@register(
+    "cold_start.time_to_ready_s",
+    unit="s",
+    op="<=",
+    defaults={"threshold": 30.0},
+    summary="process start → readiness endpoint 200",
+)
+def time_to_ready(result: Mapping[str, Any], r: Result) -> Check:
+    ttr = result.get("time_to_ready_s")
+    if ttr is None:
+        return r.skipped(
+            "the harness did not start the server (attached with --target), so there is no "
+            "start-to-ready time; use --sut-cmd to measure it"
+        )
+    ok = r.compare(float(ttr))
+    verb = "within" if ok else "over"
+    detail = f"ready {fmt(ttr)} s after start, {verb} {fmt(r.threshold)} s"
+    if not ok:
+        detail += (
+            " — check model loading and warmup; poll the model's ready endpoint, not only "
+            "/v2/health/ready"
+        )
+    return r.judged(float(ttr), ok, detail, n=1)
+
+
+@register(
+    "cold_start.first_p99_ratio",
+    unit="x",
+    op="<=",
+    defaults={"threshold": 5.0, "min_excess_ms": 20.0, "min_first": 20, "steady_stage": ""},
+    summary="p99 of the first requests vs steady p99 (warmup works)",
+)
+def first_p99_ratio(result: Mapping[str, Any], r: Result) -> Check:
+    first = result.get("first_requests") or {}
+    if not first.get("latency_hdr"):
+        return r.skipped("no first-request latencies were recorded in this scenario")
+    fh = d.optional_hist(first["latency_hdr"])
+    n_first = fh.get_total_count() if fh else 0
+    if n_first < int(r.params["min_first"]):
+        return r.skipped(
+            f"only {n_first} first requests completed (need >= {r.params['min_first']}) — "
+            "the server may have failed its first requests; see the error counters",
+            n=n_first,
+        )
+    steady_name = r.params["steady_stage"] or (
+        d.stages(result)[-1]["name"] if d.stages(result) else ""
+    )
+    sh = d.histogram(result, stage_names=[steady_name] if steady_name else None)
+    if sh.get_total_count() == 0:
+        sh = d.histogram(result)
+    n_steady = sh.get_total_count()
+    if n_steady == 0:
+        return r.skipped("no steady-state latencies to compare the first requests with")
+    p_first = percentile_ms(fh, 99.0) or 0.0
+    p_steady = percentile_ms(sh, 99.0) or 0.0
+    ratio = p_first / p_steady if p_steady > 0 else float("inf")
+    excess = p_first - p_steady
+    # sub-millisecond steady p99s make ratios noise: a small absolute excess passes
+    ok = r.compare(ratio) or excess < float(r.params["min_excess_ms"])
+    detail = (
+        f"first {n_first} requests p99 {fmt(p_first)} ms vs steady p99 {fmt(p_steady)} ms "
+        f"(n={n_steady}): {fmt(ratio)}x, {'within' if ok else 'over'} {fmt(r.threshold)}x"
+    )
+    if ok and not r.compare(ratio):
+        detail += (
+            f" (excess {fmt(excess)} ms < {fmt(r.params['min_excess_ms'])} ms counts as noise)"
+        )
+    if not ok:
+        detail += " — warm the model up before reporting ready (run a few inferences at start)"
+    return r.judged(round(ratio, 3), ok, detail, n=n_first)
+
+
+def _p99_check(
+    r: Result, hist: Any, what: str, next_step: str, confidence_param: float = 0.99
+) -> Check:
+    slo = float(r.threshold)
+    a = slo_assessment(hist, slo, 99.0, confidence_param)
+    if a.n == 0:
+        return r.skipped(f"no successful {what} responses were recorded", n=0)
+    if a.verdict == "insufficient":
+        return r.skipped(
+            f"insufficient samples: {what} p99 {fmt(a.value_ms)} ms from n={a.n} with "
+            f"{a.overs} over {fmt(slo)} ms; a confident verdict needs n >= {a.min_n} "
+            f"(early stopping, {a.confidence:.0%}) — run longer or at a higher rate",
+            value=a.value_ms,
+            n=a.n,
+        )
+    ok = a.verdict == "pass"
+    detail = (
+        f"{what} p99 {fmt(a.value_ms)} ms {'<=' if ok else '>'} {fmt(slo)} ms "
+        f"(n={a.n}, {a.overs} over the SLO)"
+    )
+    if not ok:
+        detail += f" — {next_step}"
+    return r.judged(a.value_ms, ok, detail, n=a.n)
+
+
+@register(
+    "steady.p99_ms",
+    unit="ms",
+    op="<=",
+    defaults={"threshold": 200.0, "stage": "", "confidence": 0.99},
+    summary="p99 latency of successful requests in steady state (early-stopping sample size)",
+)
+def steady_p99(result: Mapping[str, Any], r: Result) -> Check:
+    hist = d.histogram(result, stage_names=_stage_list(result, r.params["stage"]))
+    return _p99_check(
+        r,
+        hist,
+        "steady-state",
+        "profile the slow path (per-thread CPU in the report) or lower the offered rate",
+        float(r.params["confidence"]),
+    )
+
+
+def _failure_rate(c: Mapping[str, Any], include_dropped: bool) -> tuple[float | None, int, int]:
+    """(rate, bad, denominator) over requests that finished (in-flight ones excluded)."""
+    bad = d.failed_total(c) + (int(c.get("dropped") or 0) if include_dropped else 0)
+    denom = int(c.get("scheduled") or 0) - int(c.get("in_flight") or 0)
+    if not include_dropped:
+        denom -= int(c.get("dropped") or 0)
+    return (bad / denom if denom > 0 else None), bad, denom
+
+
+def _kinds(c: Mapping[str, Any]) -> str:
+    kinds = {k: v for k, v in (c.get("failed") or {}).items() if v}
+    if c.get("dropped"):
+        kinds["dropped"] = c["dropped"]
+    return ", ".join(f"{k} {v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])) or "none"
+
+
+@register(
+    "steady.error_rate",
+    unit="ratio",
+    op="<=",
+    defaults={"threshold": 0.01, "stage": "", "include_dropped": True, "min_requests": 100},
+    summary="failed (and dropped) share of finished requests in steady state",
+)
+def steady_error_rate(result: Mapping[str, Any], r: Result) -> Check:
+    c = d.counters(result, stage_names=_stage_list(result, r.params["stage"]))
+    if c is None:
+        return r.skipped("no request counters were recorded")
+    rate, bad, denom = _failure_rate(c, bool(r.params["include_dropped"]))
+    if rate is None or denom < int(r.params["min_requests"]):
+        return r.skipped(
+            f"insufficient samples: {denom} finished requests (need >= "
+            f"{r.params['min_requests']}) — run longer",
+            n=max(denom, 0),
+        )
+    ok = r.compare(rate)
+    detail = (
+        f"{bad} of {denom} requests failed ({rate:.2%}) {'<=' if ok else '>'} "
+        f"{float(r.threshold):.2%}; by kind: {_kinds(c)}"
+    )
+    if not ok:
+        detail += (
+            " — see errors by kind over time in the report; 503s mean the rate is above capacity"
+        )
+    return r.judged(round(rate, 6), ok, detail, n=denom)
+
+
+def _offered(result: Mapping[str, Any], names: list[str] | None) -> tuple[float, float] | None:
+    """(offered requests, seconds) over open-loop stages; None if any stage is closed."""
+    chosen = [s for s in d.stages(result) if names is None or s.get("name") in names]
+    if not chosen or any(s.get("rate_rps") is None for s in chosen):
+        return None
+    secs = sum(float(s["end_s"]) - float(s["start_s"]) for s in chosen)
+    reqs = sum(float(s["rate_rps"]) * (float(s["end_s"]) - float(s["start_s"])) for s in chosen)
+    return reqs, secs
+
+
+@register(
+    "steady.throughput",
+    unit="req/s",
+    op=">=",
+    defaults={"threshold": 0.0, "min_ratio": 0.95, "stage": ""},
+    summary="ok responses per second vs the offered rate (or an absolute floor)",
+)
+def steady_throughput(result: Mapping[str, Any], r: Result) -> Check:
+    names = _stage_list(result, r.params["stage"])
+    c = d.counters(result, stage_names=names)
+    offered = _offered(result, names)
+    if c is None:
+        return r.skipped("no request counters were recorded")
+    if offered is None or offered[1] <= 0:
+        secs = float(result.get("duration_s") or 0.0)
+        if float(r.threshold) <= 0 or secs <= 0:
+            return r.skipped(
+                "closed-loop stages have no offered rate; set an absolute floor with "
+                "threshold = <req/s> in the checklist"
+            )
+        offered_rps = None
+    else:
+        secs = offered[1]
+        offered_rps = offered[0] / secs
+    achieved = int(c["ok"]) / secs
+    threshold = float(r.threshold)
+    if threshold <= 0 and offered_rps is not None:
+        threshold = float(r.params["min_ratio"]) * offered_rps
+    ok = achieved >= threshold
+    base = f"{fmt(achieved)} ok req/s over {fmt(secs)} s"
+    if offered_rps is not None:
+        base += f" at {fmt(offered_rps)} req/s offered ({achieved / offered_rps:.1%})"
+    detail = f"{base}; {'>=' if ok else '<'} {fmt(threshold)} req/s"
+    if not ok:
+        detail += " — the server is below the offered rate: check errors and CPU per thread"
+    return r.judged(round(achieved, 3), ok, detail, n=int(c["ok"]), threshold=round(threshold, 3))
+
+
+@register(
+    "priority.high_p99_ms",
+    unit="ms",
+    op="<=",
+    defaults={"threshold": 200.0, "class_name": "", "stage": "", "confidence": 0.99},
+    summary="p99 of the high-priority class above capacity",
+)
+def high_p99(result: Mapping[str, Any], r: Result) -> Check:
+    cls = r.params["class_name"] or d.high_class(result)
+    if cls is None:
+        return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
+    hist = d.histogram(result, stage_names=_stage_list(result, r.params["stage"]), classes=[cls])
+    return _p99_check(
+        r,
+        hist,
+        f"class '{cls}'",
+        "the server is not serving high priority first; check its priority queues",
+        float(r.params["confidence"]),
+    )
+
+
+@register(
+    "priority.high_reject_rate",
+    unit="ratio",
+    op="<=",
+    defaults={"threshold": 0.05, "class_name": "", "stage": "", "min_requests": 100},
+    summary="failed share of high-priority requests above capacity",
+)
+def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
+    cls = r.params["class_name"] or d.high_class(result)
+    if cls is None:
+        return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
+    names = _stage_list(result, r.params["stage"])
+    c = d.counters(result, stage_names=names, classes=[cls])
+    if c is None:
+        return r.skipped(f"no counters for class '{cls}'")
+    rate, bad, denom = _failure_rate(c, True)
+    if rate is None or denom < int(r.params["min_requests"]):
+        return r.skipped(
+            f"insufficient samples: {denom} finished '{cls}' requests (need >= "
+            f"{r.params['min_requests']}) — raise its share or run longer",
+            n=max(denom, 0),
+        )
+    ok = r.compare(rate)
+    others = [n for n in d.class_names(result) if n != cls]
+    oc = d.counters(result, stage_names=names, classes=others) if others else None
+    orate = _failure_rate(oc, True)[0] if oc else None
+    detail = (
+        f"class '{cls}': {bad} of {denom} rejected or failed ({rate:.2%}) "
+        f"{'<=' if ok else '>'} {float(r.threshold):.2%}"
+    )
+    if orate is not None:
+        detail += f"; other classes {orate:.2%}"
+    if not ok:
+        detail += " — shed lower priorities first (per-priority queue bounds)"
+    return r.judged(round(rate, 6), ok, detail, n=denom)

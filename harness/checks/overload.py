@@ -1,0 +1,316 @@
+"""Overload checks: spike and CPU contention (recovery, fail-fast, degradation)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.contention import Block, degradation_ratio, fail_fast
+from harness.analysis.percentiles import percentile_ms
+from harness.analysis.recovery import baseline_p99_ms, recovery_time
+from harness.checks import _data as d
+from harness.checks._data import fmt
+from harness.checks.model import Check, Result
+from harness.checks.registry import register
+
+RECOVERY_DEFAULTS: Mapping[str, Any] = {
+    "threshold": 10.0,  # seconds
+    "factor": 2.0,  # band = baseline p99 x factor ...
+    "margin_ms": 10.0,  # ... but never tighter than baseline + margin
+    "hold_s": 5.0,  # must stay in band this long
+    "smooth_windows": 3,  # rolling median over windows before judging
+    "discard_s": 2.0,  # skip the start of the baseline
+    "class_name": "",  # "" = worst class per window
+}
+
+
+def smooth(values: Sequence[float | None], k: int) -> list[float | None]:
+    """Centred rolling median over ``k`` windows; an empty window stays empty."""
+    if k <= 1:
+        return list(values)
+    half = k // 2
+    out: list[float | None] = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+            continue
+        near = [x for x in values[max(0, i - half) : i + half + 1] if x is not None]
+        out.append(float(np.median(near)))
+    return out
+
+
+def _recovery(
+    result: Mapping[str, Any],
+    r: Result,
+    event: str,
+    event_end: float,
+    baseline_spans: Sequence[tuple[float, float]],
+) -> Check:
+    p = r.params
+    classes = [p["class_name"]] if p["class_name"] else None
+    w = d.windows(result, classes)
+    if w is None:
+        return r.skipped("no windowed latencies were recorded")
+    p99 = smooth(w.p99_ms, int(p["smooth_windows"]))
+    base_vals = [
+        b
+        for lo, hi in baseline_spans
+        if (b := baseline_p99_ms(w.t, p99, lo + float(p["discard_s"]), hi)) is not None
+    ]
+    if not base_vals:
+        return r.skipped(f"no baseline windows before the {event} to define the latency band")
+    baseline = float(np.median(base_vals))
+    rec = recovery_time(
+        w.t,
+        p99,
+        event_end,
+        baseline,
+        factor=float(p["factor"]),
+        margin_ms=float(p["margin_ms"]),
+        hold_s=float(p["hold_s"]),
+        width_s=w.width_s,
+    )
+    if rec.windows_after == 0:
+        return r.skipped(
+            f"no windows after the {event} ended at {fmt(event_end)} s — add a recovery stage"
+        )
+    band = (
+        f"band {fmt(rec.band_ms)} ms = max(baseline p99 {fmt(baseline)} ms x "
+        f"{fmt(p['factor'])}, + {fmt(p['margin_ms'])} ms), held {fmt(p['hold_s'])} s"
+    )
+    if rec.recovery_s is None:
+        after_s = rec.windows_after * w.width_s
+        return r.judged(
+            None,
+            False,
+            f"p99 never stayed back within the {band} in the {fmt(after_s)} s after the "
+            f"{event} (worst {fmt(rec.worst_after_ms)} ms) — the server does not drain its "
+            "backlog: bound the queue and shed with 503",
+            n=rec.windows_after,
+        )
+    ok = r.compare(rec.recovery_s)
+    detail = (
+        f"p99 back within the {band} {fmt(rec.recovery_s)} s after the {event}, "
+        f"{'<=' if ok else '>'} {fmt(r.threshold)} s (worst {fmt(rec.worst_after_ms)} ms)"
+    )
+    if not ok:
+        detail += " — a long tail after overload means a deep queue: bound it and shed early"
+    return r.judged(round(rec.recovery_s, 3), ok, detail, n=rec.windows_after)
+
+
+def _rate(s: Mapping[str, Any]) -> float:
+    return float(s.get("rate_rps") or s.get("users") or 0.0)
+
+
+@register(
+    "spike.recovery_s",
+    unit="s",
+    op="<=",
+    defaults={**RECOVERY_DEFAULTS, "baseline_stage": "", "event_stage": ""},
+    summary="time after the spike until windowed p99 is back within the baseline band",
+)
+def spike_recovery(result: Mapping[str, Any], r: Result) -> Check:
+    stages = d.stages(result)
+    if len(stages) < 2:
+        return r.skipped("the scenario needs a baseline stage and a spike stage")
+    base = d.stage(result, r.params["baseline_stage"]) if r.params["baseline_stage"] else stages[0]
+    event = (
+        d.stage(result, r.params["event_stage"])
+        if r.params["event_stage"]
+        else max(stages, key=_rate)
+    )
+    if base is None or event is None:
+        names = ", ".join(str(s.get("name")) for s in stages)
+        return r.skipped(f"baseline_stage/event_stage not among this scenario's stages ({names})")
+    return _recovery(
+        result,
+        r,
+        f"spike stage '{event['name']}'",
+        float(event["end_s"]),
+        [(float(base["start_s"]), float(base["end_s"]))],
+    )
+
+
+FAIL_FAST_DEFAULTS: Mapping[str, Any] = {
+    "threshold": 0.9,  # share of failures that are quick 503/429
+    "max_error_p99_ms": 1000.0,  # and the failures themselves must be quick
+    "min_failures": 10,
+    "count_dropped_as_slow": True,
+}
+
+
+def _fail_fast(
+    r: Result,
+    errors: Mapping[str, int],
+    dropped: int,
+    error_hist: Any,
+    where: str,
+) -> Check:
+    p = r.params
+    err_p99 = percentile_ms(error_hist, 99.0) if error_hist is not None else None
+    ff = fail_fast(
+        errors,
+        dropped=dropped,
+        count_dropped_as_slow=bool(p["count_dropped_as_slow"]),
+        error_p99_ms=err_p99,
+    )
+    judged = ff.quick + ff.slow
+    if judged < int(p["min_failures"]):
+        return r.skipped(
+            f"only {judged} overload failures {where} (need >= {p['min_failures']}): the "
+            "server was not pushed past capacity, so shedding was not exercised — raise "
+            "the overload rate",
+            n=judged,
+        )
+    share = ff.quick_share or 0.0
+    share_ok = r.compare(share)
+    lat_ok = err_p99 is None or err_p99 <= float(p["max_error_p99_ms"])
+    detail = (
+        f"{ff.quick} quick 503/429 vs {ff.slow} timeouts/resets/drops {where}: "
+        f"{share:.1%} quick {'>=' if share_ok else '<'} {float(r.threshold):.0%}; "
+        f"failed-request p99 {fmt(err_p99)} ms "
+        f"({'<=' if lat_ok else '>'} {fmt(p['max_error_p99_ms'])} ms)"
+    )
+    if not (share_ok and lat_ok):
+        detail += (
+            " — overload must be refused at once (bounded queue, 503 + Retry-After), "
+            "not left to time out"
+        )
+    return r.judged(round(share, 4), share_ok and lat_ok, detail, n=judged)
+
+
+@register(
+    "spike.fail_fast",
+    unit="ratio",
+    op=">=",
+    defaults=dict(FAIL_FAST_DEFAULTS),
+    summary="overload answered by quick 503/429, not timeouts/resets",
+)
+def spike_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
+    c = d.counters(result)
+    if c is None:
+        return r.skipped("no request counters were recorded")
+    return _fail_fast(
+        r,
+        c.get("failed") or {},
+        int(c.get("dropped") or 0),
+        d.optional_hist(result.get("error_latency_hdr")),
+        "in the run",
+    )
+
+
+def contention_blocks(result: Mapping[str, Any]) -> dict[str, list[Block]]:
+    """Blocks by kind, from ``contention.blocks`` or else from the cpu_hog chaos events."""
+    out: dict[str, list[Block]] = {"baseline": [], "hog": [], "after": []}
+    blocks = (result.get("contention") or {}).get("blocks") or []
+    if blocks:
+        for b in blocks:
+            out.setdefault(b["kind"], []).append(
+                Block(b["kind"], float(b["start_s"]), float(b["end_s"]))
+            )
+        return out
+    hogs = [c for c in result.get("chaos") or [] if c.get("action") == "cpu_hog" and c.get("end_s")]
+    if not hogs:
+        return out
+    first = min(float(c["start_s"]) for c in hogs)
+    last = max(float(c["end_s"]) for c in hogs)
+    out["baseline"].append(Block("baseline", 0.0, first))
+    out["hog"] = [Block("hog", float(c["start_s"]), float(c["end_s"])) for c in hogs]
+    end = float(result.get("duration_s") or last)
+    if end > last:
+        out["after"].append(Block("after", last, end))
+    return out
+
+
+@register(
+    "contention.throughput_ratio",
+    unit="x",
+    op=">=",
+    defaults={"threshold": 0.5, "discard_s": 3.0, "min_windows": 3},
+    summary="median ok throughput with CPU hogs vs without",
+)
+def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
+    blocks = contention_blocks(result)
+    if not blocks["hog"] or not blocks["baseline"]:
+        return r.skipped("the scenario has no baseline and CPU-hog blocks")
+    w = d.windows(result)
+    if w is None:
+        return r.skipped("no windowed counts were recorded")
+    rps = [ok / w.width_s for ok in w.ok]
+    p50 = w.p50_ms
+    disc = float(r.params["discard_s"])
+    tp = degradation_ratio(
+        w.t, rps, blocks["baseline"], blocks["hog"], discard_s=disc, width_s=w.width_s
+    )
+    lat = degradation_ratio(
+        w.t, p50, blocks["baseline"], blocks["hog"], discard_s=disc, width_s=w.width_s
+    )
+    need = int(r.params["min_windows"])
+    if tp.n_baseline < need or tp.n_test < need or tp.ratio is None:
+        return r.skipped(
+            f"insufficient samples: {tp.n_baseline} baseline and {tp.n_test} hog windows "
+            f"after discarding {fmt(disc)} s per block (need >= {need} each) — lengthen the blocks",
+            n=min(tp.n_baseline, tp.n_test),
+        )
+    ok = r.compare(tp.ratio)
+    detail = (
+        f"median throughput {fmt(tp.test_median)} req/s with hogs vs {fmt(tp.baseline_median)} "
+        f"without: {fmt(tp.ratio)}x {'>=' if ok else '<'} {fmt(r.threshold)}x; median p50 "
+        f"{fmt(lat.test_median)} vs {fmt(lat.baseline_median)} ms "
+        f"({tp.n_test}/{tp.n_baseline} windows)"
+    )
+    if not ok:
+        detail += (
+            " — the server collapses when it loses CPU: look at per-thread %wait and shed "
+            "load instead of queueing"
+        )
+    return r.judged(round(tp.ratio, 4), ok, detail, n=tp.n_test + tp.n_baseline)
+
+
+@register(
+    "contention.fail_fast",
+    unit="ratio",
+    op=">=",
+    defaults=dict(FAIL_FAST_DEFAULTS),
+    summary="failures while CPU is taken away are quick 503/429",
+)
+def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
+    blocks = contention_blocks(result)
+    w = d.windows(result)
+    if not blocks["hog"] or w is None:
+        c = d.counters(result)
+        if c is None:
+            return r.skipped("no request counters were recorded")
+        errors, dropped, where = c.get("failed") or {}, int(c.get("dropped") or 0), "in the run"
+    else:
+        errors = {}
+        for t, e in zip(w.t, w.errors, strict=True):
+            if any(b.start_s <= t < b.end_s for b in blocks["hog"] + blocks["after"]):
+                for k, v in e.items():
+                    errors[k] = errors.get(k, 0) + v
+        dropped = int(errors.pop("dropped", 0))
+        where = "during and after the CPU hogs"
+    return _fail_fast(r, errors, dropped, d.optional_hist(result.get("error_latency_hdr")), where)
+
+
+@register(
+    "contention.recovery_s",
+    unit="s",
+    op="<=",
+    defaults=dict(RECOVERY_DEFAULTS),
+    summary="time after the CPU hogs stop until p99 is back within the baseline band",
+)
+def contention_recovery(result: Mapping[str, Any], r: Result) -> Check:
+    blocks = contention_blocks(result)
+    if not blocks["hog"] or not blocks["baseline"]:
+        return r.skipped("the scenario has no baseline and CPU-hog blocks")
+    end = max(b.end_s for b in blocks["hog"])
+    return _recovery(
+        result,
+        r,
+        "CPU hogs",
+        end,
+        [(b.start_s, b.end_s) for b in blocks["baseline"]],
+    )
