@@ -9,7 +9,6 @@ aids; verdicts come from ``harness.checks`` and are never recomputed here.
 from __future__ import annotations
 
 import base64
-import importlib
 import io
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +18,8 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from harness.report.common import numeric_series, theil_sen_line
 
 DPI = 80
 _WIDE = (9.0, 3.6)
@@ -88,18 +89,6 @@ def _shade_chaos(ax: Any, sc: Mapping[str, Any]) -> None:
             ax.axvline(start, color=colour, lw=2, label=label)
 
 
-def _series(values: Sequence[Any], t: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    pairs = [
-        (float(a), float(b))
-        for a, b in zip(t, values, strict=False)
-        if isinstance(a, int | float) and isinstance(b, int | float)
-    ]
-    if not pairs:
-        return np.empty(0), np.empty(0)
-    arr = np.asarray(pairs)
-    return arr[:, 0], arr[:, 1]
-
-
 def latency(sc: Mapping[str, Any]) -> Figure | Missing:
     rows, _ = _rows(sc)
     classes = sorted({str(r.get("class")) for r in rows if r.get("p99_ms") is not None})
@@ -110,7 +99,7 @@ def latency(sc: Mapping[str, Any]) -> Figure | Missing:
         mine = [r for r in rows if str(r.get("class")) == cls]
         colour = f"C{i}"
         for key, style, label in (("p99_ms", "-", "p99"), ("p50_ms", "--", "p50")):
-            t, v = _series([r.get(key) for r in mine], [r["t"] for r in mine])
+            t, v = numeric_series([r.get(key) for r in mine], [r["t"] for r in mine])
             if len(t):
                 ax.plot(t, v, style, color=colour, lw=1.2, label=f"{cls} {label}")
     _shade_chaos(ax, sc)
@@ -156,36 +145,6 @@ def throughput(sc: Mapping[str, Any]) -> Figure | Missing:
     return fig
 
 
-def _theil_sen_scipy(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    from scipy.stats import theilslopes
-
-    res = theilslopes(y, t)
-    return float(res[0]), float(res[1])
-
-
-def trend_function() -> Callable[[np.ndarray, np.ndarray], tuple[float, float]]:
-    """Theil–Sen (slope, intercept): ``harness.analysis.trend``'s when it provides one."""
-    try:
-        mod = importlib.import_module("harness.analysis.trend")
-    except ImportError:
-        return _theil_sen_scipy
-    fn = getattr(mod, "theil_sen", None)
-    if not callable(fn):
-        return _theil_sen_scipy
-
-    def via_analysis(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        res = fn(t, y)
-        slope = getattr(res, "slope", None)
-        intercept = getattr(res, "intercept", None)
-        if slope is None and isinstance(res, tuple):
-            slope, intercept = res[0], res[1]
-        if slope is None or intercept is None:
-            return _theil_sen_scipy(t, y)
-        return float(slope), float(intercept)
-
-    return via_analysis
-
-
 _RESOURCES = (
     ("rss_bytes", "RSS (MiB)", 2**20, "MiB/min"),
     ("threads", "threads", 1, "/min"),
@@ -199,12 +158,12 @@ def resources(sc: Mapping[str, Any]) -> Figure | Missing:
     t_all = series.get("t") or []
     panels = []
     for key, label, scale, per in _RESOURCES:
-        t, y = _series(series.get(key) or [], t_all)
+        t, y = numeric_series(series.get(key) or [], t_all)
         if len(t):
             panels.append((key, label, t, y / scale, per))
     if not panels:
         return Missing("no server-side samples (server.series): no pid was watched")
-    fit = trend_function()
+    fit = theil_sen_line()
     fig, axes = _figure(len(panels), (9.0, 2.2))
     for ax, (_key, label, t, y, per) in zip(axes, panels, strict=True):
         ax.plot(t, y, color="C0", lw=1.0, label=label)
@@ -238,7 +197,7 @@ def threads(sc: Mapping[str, Any], top: int = 6) -> Figure | Missing:
     drew = False
     for i, th in enumerate(threads_top):
         ser = th.get("series") or {}
-        t, y = _series(ser.get("cpu_pct") or [], ser.get("t") or [])
+        t, y = numeric_series(ser.get("cpu_pct") or [], ser.get("t") or [])
         if len(t):
             drew = True
             ax.plot(
