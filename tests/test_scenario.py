@@ -514,3 +514,21 @@ def test_packaged_check_overrides_are_parameters_the_checks_know() -> None:
                     validate_overrides(cid, over, f"{name}.toml")
                     checked += 1
     assert checked >= 8
+
+
+def test_with_duration_stretches_the_whole_timeline() -> None:
+    s = load_scenario("contention", "quick")
+    d = s.with_duration(45.0)
+    assert d.duration_s == pytest.approx(45.0)
+    assert [st.duration_s for st in d.stages] == pytest.approx([9.0] * 5)
+    assert [st.start_s for st in d.stages] == pytest.approx([0, 9, 18, 27, 36])
+    assert d.stages[0].warmup_s == pytest.approx(1.5)
+    assert [x for e in d.chaos for x in (e.at_s, e.end_s)] == pytest.approx([9, 18, 27, 36])
+    assert d.contention is not None and d.contention.blocks[-1].end_s == pytest.approx(45.0)
+    assert [st.rate for st in d.stages] == [st.rate for st in s.stages]
+    with pytest.raises(ConfigError, match="--duration = 0 is not valid"):
+        s.with_duration(0)
+    with pytest.raises(ConfigError, match="call with_cores"):
+        load_scenario("linearity").with_duration(60)
+    lin = load_scenario("linearity", "quick").with_cores(2).with_duration(45)
+    assert lin.duration_s == pytest.approx(45) and lin.stages[0].users == 16

@@ -244,6 +244,49 @@ class Scenario:
             return self
         return replace(self, stages=self.linearity.stages(cores))
 
+    def scaled(self, factor: float) -> Scenario:
+        """Every duration × ``factor`` (stages, warm-ups, chaos timeline, sweep, blocks)."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ConfigError(f"duration scale = {factor!r} is not valid; use a number > 0")
+        f = factor
+        lin, con = self.linearity, self.contention
+        if lin is not None:
+            lin = replace(lin, stage_s=lin.stage_s * f, warmup_s=lin.warmup_s * f)
+        if con is not None:
+            blocks = tuple(replace(b, start_s=b.start_s * f, end_s=b.end_s * f) for b in con.blocks)
+            con = replace(
+                con,
+                block_s=con.block_s * f,
+                after_s=con.after_s * f,
+                warmup_s=con.warmup_s * f,
+                blocks=blocks,
+            )
+        return replace(
+            self,
+            stages=tuple(
+                replace(
+                    s, duration_s=s.duration_s * f, start_s=s.start_s * f, warmup_s=s.warmup_s * f
+                )
+                for s in self.stages
+            ),
+            chaos=tuple(
+                replace(e, at_s=e.at_s * f, duration_s=e.duration_s * f) for e in self.chaos
+            ),
+            linearity=lin,
+            contention=con,
+        )
+
+    def with_duration(self, total_s: float) -> Scenario:
+        """Stretch or shrink the whole timeline to ``total_s`` seconds (``--duration``)."""
+        if not (total_s > 0 and math.isfinite(total_s)):
+            raise ConfigError(f"--duration = {total_s!r} is not valid; use seconds > 0")
+        if not self.stages:
+            raise ConfigError(
+                f"{self.source}: the stages depend on the server's cores "
+                '(linearity points = "auto"); call with_cores() before with_duration()'
+            )
+        return self.scaled(total_s / self.duration_s)
+
     def stage_at(self, t_s: float) -> Stage | None:
         """The stage running ``t_s`` seconds after the load started; None once finished."""
         for s in self.stages:
