@@ -1,0 +1,277 @@
+"""Tick schedule on a fake clock, files → read_samples, `harness sample` end to end,
+and the /metrics scraper against a real Prometheus endpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.collectors import read_samples
+from harness.collectors.loop import TickLoop
+from harness.collectors.metrics import MetricsScraper, ScrapeConfig, parse_metrics, series_key
+from harness.errors import ResultFormatError
+from harness.sut import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeClock:
+    """Monotonic time that only moves when waited on (plus injected work time)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, stop: threading.Event, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_tick_loop_schedule_lateness_and_missed_ticks():
+    clock = FakeClock()
+    loop = TickLoop(1.0, clock=clock, wall=lambda: 0.0, wait=clock.wait)
+    seen = []
+
+    def on_tick(t: float, late: float) -> None:
+        seen.append((round(t, 3), round(late, 3)))
+        if len(seen) == 2:
+            clock.now += 0.3  # slow work after tick 2: tick 3 (due at 3.0) is still on time
+        if len(seen) == 3:
+            clock.now += 2.5  # a stall to 5.5: tick 4 is missed, tick 5 is taken 0.5 s late
+
+    stats = loop.run(on_tick, duration_s=8.0)
+    assert seen[:3] == [(1.0, 0.0), (2.0, 0.0), (3.0, 0.0)]
+    assert stats.missed == 1 and seen[3] == (5.5, 0.5)
+    assert seen[4:] == [(6.0, 0.0), (7.0, 0.0), (8.0, 0.0)]
+    assert stats.ticks == 7 and stats.max_late_s == pytest.approx(0.5)
+
+
+def test_tick_loop_stops_on_event():
+    clock = FakeClock()
+    stop = threading.Event()
+    loop = TickLoop(0.5, clock=clock, wait=clock.wait, stop=stop)
+    ticks = []
+    loop.run(lambda t, late: (ticks.append(t), len(ticks) == 3 and stop.set()))
+    assert len(ticks) == 3
+
+
+def test_parse_metrics_selects_series():
+    text = textwrap.dedent(
+        """
+        # HELP queue_depth Requests waiting
+        # TYPE queue_depth gauge
+        queue_depth{model="mlp"} 7
+        # TYPE batch_size histogram
+        batch_size_bucket{le="1.0"} 2
+        batch_size_bucket{le="+Inf"} 5
+        batch_size_count 5
+        batch_size_sum 12
+        # TYPE requests_total counter
+        requests_total{code="200",model="mlp"} 41
+        # TYPE other_thing gauge
+        other_thing 1
+        """
+    )
+    got = parse_metrics(text, re.compile("queue|batch|request"), re.compile("_bucket$"))
+    assert ("queue_depth", 'model="mlp"', 7.0) in got
+    assert ("requests_total", 'code="200",model="mlp"', 41.0) in got
+    assert ("batch_size_count", "", 5.0) in got
+    assert not any(n.endswith("_bucket") or n == "other_thing" for n, _, _ in got)
+    assert series_key("queue_depth", 'model="mlp"') == 'queue_depth{model="mlp"}'
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def test_read_samples_builds_sections(tmp_path):
+    from harness.collectors.process import PROCESS_COLUMNS, THREAD_COLUMNS
+
+    (tmp_path / "sampler.json").write_text(
+        json.dumps({"pid": 9, "interval_s": 1.0, "ticks": 3, "missed_ticks": 1})
+    )
+    _write_csv(
+        tmp_path / "process.csv",
+        PROCESS_COLUMNS,
+        [
+            [t, 1e9 + t, 0.001, 1, 1000 * t, "" if t != 1 else 500, "", 4, 6, 50, 40, 10, 3, 1]
+            for t in (1, 2, 3)
+        ],  # fmt: skip
+    )
+    rows = []
+    for t in (1, 2, 3):
+        rows.append([t, 9, 10, 111, "main", 1, 0, 0, 0.5, 1, 0, 2, 0])
+        rows.append([t, 9, 11, 222, "worker", 80, 10, 0, 5, 90 + t, 1, 100, 4])
+        for k in range(8):  # eight quiet threads: the top-8 cut must drop one
+            rows.append([t, 9, 20 + k, 300, f"q{k}", 0, 0, 0, "", 0.1 * k, 0, 0, 0])
+    _write_csv(tmp_path / "threads.csv", THREAD_COLUMNS, rows)
+    _write_csv(
+        tmp_path / "system.csv",
+        ["t", "ts", "late_s", "cpu_pct", "cpu0_pct", "cpu1_pct", "loadgen_cpu_pct"],
+        [[t, 1e9 + t, 0, 60, 30, 90, 25] for t in (1, 2, 3)],
+    )
+    _write_csv(
+        tmp_path / "metrics.csv",
+        ["t", "ts", "name", "labels", "value"],
+        [[1, 1e9, "queue_depth", 'model="mlp"', 3], [2, 1e9, "queue_depth", 'model="mlp"', 5]],
+    )
+    out = read_samples(tmp_path)
+    server = out["server"]
+    assert server["pid"] == 9 and server["ticks"] == 3 and server["missed_ticks"] == 1
+    assert server["series"]["t"] == [1, 2, 3]
+    assert server["series"]["uss_bytes"] == [500, None, None]
+    assert server["series"]["rss_bytes"] == [1000, 2000, 3000]
+    top = server["threads_top"]
+    assert len(top) == 8
+    assert top[0]["name"] == "worker" and top[0]["tid"] == 11
+    assert top[0]["cpu_pct_mean"] == 92.0 and top[0]["cpu_pct_max"] == 93.0
+    assert top[0]["wait_pct_mean"] == 5.0 and top[0]["cswch_s_mean"] == 100.0
+    assert top[0]["series"] == {"t": [1.0, 2.0, 3.0], "cpu_pct": [91.0, 92.0, 93.0]}
+    assert "q0" not in {t["name"] for t in top}  # the quietest thread was cut
+    assert next(t for t in top if t["name"] == "q7")["wait_pct_mean"] is None
+    sys_series = out["system"]["series"]
+    assert sys_series["per_core"] == [[30, 30, 30], [90, 90, 90]]
+    assert sys_series["loadgen_cpu_pct"] == [25, 25, 25]
+    assert out["metrics"]["series"] == {
+        'queue_depth{model="mlp"}': {"t": [1.0, 2.0], "v": [3.0, 5.0]}
+    }
+
+
+def test_read_samples_missing_dir_and_empty_dir(tmp_path):
+    with pytest.raises(ResultFormatError, match="does not exist"):
+        read_samples(tmp_path / "nope")
+    assert read_samples(tmp_path) == {"server": None, "system": None, "metrics": None}
+
+
+def test_cli_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sample", "--pid", "1", "--out", "x", "--interval", "0"])
+    assert e.value.code == 2
+    assert "--interval" in capsys.readouterr().err
+    assert main(["sample", "--pid", "999999999", "--out", "/tmp/x"]) == 1
+
+
+@pytest.mark.slow
+def test_harness_sample_until_sigint_leaves_complete_files(tmp_path):
+    target = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    out = tmp_path / "samples"
+    sampler = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "sample",
+            "--pid",
+            str(target.pid),
+            "--out",
+            str(out),
+            "--interval",
+            "0.2",
+            "--live",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        proc_csv = out / "process.csv"
+        while time.monotonic() < deadline:
+            if proc_csv.exists() and proc_csv.read_text().count("\n") >= 4:
+                break
+            assert sampler.poll() is None, sampler.communicate()
+            time.sleep(0.05)
+        sampler.send_signal(signal.SIGINT)
+        stdout, stderr = sampler.communicate(timeout=30)
+    finally:
+        for p in (sampler, target):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert sampler.returncode == 0, stderr
+    meta = json.loads((out / "sampler.json").read_text())
+    assert meta["running"] is False and meta["pid"] == target.pid
+    rows = proc_csv.read_text().splitlines()
+    assert len(rows) - 1 == meta["ticks"] >= 3
+    assert proc_csv.read_text().endswith("\n")
+    assert "%CPU" in stdout and "Command" in stdout  # the live table
+    data = read_samples(out)
+    assert data["server"]["ticks"] == meta["ticks"]
+    assert max(data["server"]["series"]["cpu_pct"]) > 20  # the spinning target
+    per_core = data["system"]["series"]["per_core"]
+    assert len(per_core) == len(meta["cores"]["system"]) >= 1
+    assert all(len(c) == meta["ticks"] for c in per_core)
+
+
+PROM_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from prometheus_client import Counter, Gauge, start_http_server
+    q = Gauge("queue_depth", "Requests waiting", ["model"])
+    r = Counter("requests", "Requests served", ["model"])
+    start_http_server(int(sys.argv[1]), addr="127.0.0.1")
+    print("ready", flush=True)
+    i = 0
+    while True:
+        i += 1
+        q.labels("mlp").set(i)
+        r.labels("mlp").inc()
+        time.sleep(0.02)
+    """
+)
+
+
+@pytest.mark.slow
+def test_scraper_reads_a_prometheus_endpoint(tmp_path):
+    port = free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-c", PROM_CHILD, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        scraper = MetricsScraper(
+            ScrapeConfig(url=f"http://127.0.0.1:{port}/metrics", interval_s=0.2), tmp_path
+        )
+        stop = threading.Event()
+        scraper.start(time.monotonic(), stop)
+        deadline = time.monotonic() + 20
+        while scraper.scrapes < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        scraper.join(5)
+        scraper.close()
+    finally:
+        child.kill()
+        child.wait()
+    assert scraper.scrapes >= 4 and scraper.errors == 0
+    series = read_samples(tmp_path)["metrics"]["series"]
+    q = series['queue_depth{model="mlp"}']
+    assert len(q["v"]) >= 4 and q["v"] == sorted(q["v"]) and q["v"][-1] > q["v"][0]
+    assert 'requests_total{model="mlp"}' in series
+    assert "process_resident_memory_bytes" in series  # prometheus_client's process collector
+    assert not any(k.startswith("requests_created") for k in series)
+
+
+def test_scraper_records_errors_without_raising(tmp_path):
+    scraper = MetricsScraper(
+        ScrapeConfig(url=f"http://127.0.0.1:{free_port()}/metrics", timeout_s=0.5), tmp_path
+    )
+    assert scraper.scrape(0.0, 0.0) is None
+    assert scraper.errors == 1 and "URLError" in (scraper.last_error or "")
+    scraper.close()
