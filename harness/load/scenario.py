@@ -629,7 +629,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
         else:
             assert contention is not None
             contention, stages, hogs = _expand_contention(contention)
-            chaos = tuple(sorted(chaos + hogs, key=lambda e: e.at_s))
+            chaos = chaos + hogs
     else:
         stages = _parse_stages(raw_stages, load.mode, src)
 
@@ -656,6 +656,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
                 f"{ev.duration_s:g}) ends after the last stage ({total:g} s); move it earlier "
                 "or lengthen the stages"
             )
+    chaos = tuple(sorted(chaos, key=lambda e: e.at_s))
     return Scenario(
         name=name,
         description=description,
@@ -836,7 +837,7 @@ def _parse_chaos(raw: Any, src: str) -> tuple[ChaosEvent, ...]:
             params[k] = v
         t.done()
         out.append(ChaosEvent(float(at), action, MappingProxyType(params), float(dur)))
-    return tuple(sorted(out, key=lambda e: e.at_s))
+    return tuple(out)  # file order, so errors can name chaos[i]; sorted once validated
 
 
 def _parse_checks(raw: Any, src: str) -> Mapping[str, Mapping[str, Any]]:
