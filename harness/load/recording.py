@@ -61,7 +61,11 @@ def decode(encoded: str | None) -> HdrHistogram:
 
 
 def encode(h: HdrHistogram | None) -> str | None:
-    return h.encode() if h is not None and h.get_total_count() else None
+    """base64 text of a non-empty histogram (hdrh returns bytes), else None."""
+    if h is None or not h.get_total_count():
+        return None
+    blob = h.encode()
+    return blob.decode("ascii") if isinstance(blob, bytes) else blob
 
 
 def percentiles_ms(h: HdrHistogram) -> dict[str, float | None]:

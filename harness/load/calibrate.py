@@ -1,0 +1,113 @@
+"""Capacity calibration: a short closed-loop probe for sustainable throughput.
+
+Scenario rates written as ``"0.6x"`` multiply the capacity measured here, so one
+checklist serves a slow CPU server and a fast GPU server alike. The probe keeps ``users``
+requests in flight back to back (enough to fill the server's batches) for ``duration_s``,
+discards the first ``warmup_fraction`` and reports the rate of ``ok`` answers over the
+rest: what the server actually completes, not what it was offered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import gevent
+import gevent.pool
+
+from harness.errors import TargetUnavailable
+from harness.load import http
+from harness.load.payloads import PayloadPool, make_id
+from harness.load.recording import new_histogram, percentiles_ms
+
+CALIBRATION_SLOT = 0xFFFF  # ids of probe requests never collide with a worker's
+
+
+@dataclass(frozen=True)
+class Calibration:
+    capacity_rps: float
+    users: int
+    duration_s: float
+    measured_s: float
+    ok: int
+    errors: int
+    p50_ms: float | None
+    p99_ms: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def calibrate(
+    pool: PayloadPool,
+    host: str,
+    port: int,
+    cls: str,
+    *,
+    users: int,
+    duration_s: float,
+    timeout_s: float,
+    warmup_fraction: float = 0.2,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Calibration:
+    """Run the probe in this process (gevent) and return the measured capacity."""
+    start = clock()
+    measure_from = start + duration_s * warmup_fraction
+    stop_at = start + duration_s
+    counts = {"ok": 0, "errors": 0}
+    last_done = [stop_at]
+    hist = new_histogram()
+    seq = iter(range(1 << 40))
+
+    def user() -> None:
+        conn = http.Connection(host, port)
+        try:
+            while True:
+                t0 = clock()
+                if t0 >= stop_at:
+                    return
+                n = next(seq)
+                raw = pool.raw(cls, n % len(pool), make_id(CALIBRATION_SLOT, n))
+                try:
+                    status, _ = conn.exchange(raw, timeout_s)
+                except (http.RequestTimeout, http.ConnectionFailed):
+                    status = 0
+                t1 = clock()
+                if t0 < measure_from:
+                    continue
+                last_done[0] = max(last_done[0], t1)
+                if status == 200:
+                    counts["ok"] += 1
+                    hist.record_value(max(1, int((t1 - t0) * 1e6)))
+                else:
+                    counts["errors"] += 1
+                    if status == 0:
+                        gevent.sleep(0.01)  # don't spin on a refused connection
+        finally:
+            conn.close()
+
+    group = gevent.pool.Group()
+    for _ in range(users):
+        group.spawn(user)
+    group.join(timeout=duration_s + timeout_s + 5)
+    group.kill(block=False)
+    measured = max(1e-9, last_done[0] - measure_from)
+    if counts["ok"] == 0:
+        raise TargetUnavailable(
+            f"capacity calibration got no successful answer in {duration_s:g} s "
+            f"({counts['errors']} errors from {users} users); check the server, or write "
+            f"absolute rates (req/s) or load.capacity_rps in the scenario"
+        )
+    pct = percentiles_ms(hist)
+    return Calibration(
+        capacity_rps=counts["ok"] / measured,
+        users=users,
+        duration_s=duration_s,
+        measured_s=measured,
+        ok=counts["ok"],
+        errors=counts["errors"],
+        p50_ms=pct["p50_ms"],
+        p99_ms=pct["p99_ms"],
+    )

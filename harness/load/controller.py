@@ -1,0 +1,630 @@
+"""One Locust process's side of a harness run: prepare, generate, merge, write.
+
+Roles (decided by the Locust runner):
+- master / local: prepares the run (starts the SUT if asked, reads the model metadata,
+  fetches golden outputs, calibrates capacity), sends each load process its ``Plan``,
+  runs the sampler subprocess, the chaos timeline and a SUT watchdog, merges the
+  processes' recordings and writes ``--out/results.json``;
+- worker / local: runs an ``Engine`` from the plan and ships its recording.
+
+Workers ship deltas with Locust's ``report_to_master`` (every 3 s) and a final one with
+the ``harness_final`` message once their requests are done; the master adds histograms,
+never averages percentiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.event
+from locust.runners import MasterRunner, WorkerRunner
+
+from harness import results, sut
+from harness.errors import ConfigError, HarnessError, TargetUnavailable
+from harness.load import calibrate, http, integrity, payloads
+from harness.load.recording import Recording
+from harness.load.result import scenario_result
+from harness.load.scenario import Scenario, Stage, load_scenario
+from harness.load.users import Engine, Plan
+
+log = logging.getLogger("harness.load")
+
+REPORT_EVERY_S = 3.0  # local runner: how often the engine's recording is merged
+WRITE_EVERY_S = 30.0  # partial results.json while a run is going (a killed soak keeps them)
+PLAN_LEAD_S = 1.0  # t = 0 this far after preparation: time for plans and spawns to land
+
+
+@dataclass(frozen=True)
+class Options:
+    """The plugin's command-line options, validated (see plugin.py for their help)."""
+
+    scenario: str
+    mode: str
+    model: str | None
+    sut_pid: int | None
+    sut_cmd: str | None
+    sut_cores: str | None
+    out: str
+    inputs: tuple[str, ...]
+    sample_request: str | None
+    closed_loop_users: int | None
+    seed: int | None
+    max_in_flight: int | None
+    calibrate_s: float | None
+    capacity_rps: float | None
+    request_timeout_s: float | None
+    ready_timeout_s: float
+    sample: bool
+    verify: bool
+
+
+class HarnessState:
+    """Everything the plugin keeps for one Locust process (``environment.harness``)."""
+
+    def __init__(self, environment: Any, options: Options) -> None:
+        self.env = environment
+        self.opts = options
+        self.scenario: Scenario = self._load_scenario()
+        self.engine: Engine | None = None
+        self.engine_ready = gevent.event.Event()
+        self._reset_run()
+        self.sut_handle: Any = None
+
+    # -- setup ---------------------------------------------------------------------
+
+    def _load_scenario(self) -> Scenario:
+        from dataclasses import replace
+
+        sc = load_scenario(self.opts.scenario, self.opts.mode)  # type: ignore[arg-type]
+        load = sc.load
+        changes: dict[str, Any] = {}
+        if self.opts.seed is not None:
+            changes["seed"] = self.opts.seed
+        if self.opts.max_in_flight is not None:
+            changes["max_in_flight"] = self.opts.max_in_flight
+        if self.opts.calibrate_s is not None:
+            changes["calibration_s"] = self.opts.calibrate_s
+        if self.opts.capacity_rps is not None:
+            changes["capacity_rps"] = self.opts.capacity_rps
+        if self.opts.request_timeout_s is not None:
+            changes["request_timeout_s"] = self.opts.request_timeout_s
+        if not self.opts.verify:
+            changes["verify"] = False
+        if changes:
+            sc = replace(sc, load=replace(load, **changes))
+        if self.opts.closed_loop_users is not None:
+            # --closed-loop N: the same stages, each run closed loop with N users
+            stages = tuple(
+                replace(s, rate=None, users=self.opts.closed_loop_users) for s in sc.stages
+            )
+            sc = replace(sc, stages=stages, load=replace(sc.load, mode="closed"))
+        return sc
+
+    def _reset_run(self) -> None:
+        self.prepared = False
+        self.shape_done = False
+        self.finalized = False
+        self.slots = 1
+        self.plan_clients: list[str] = []
+        self.finals: set[str] = set()
+        self.finals_event = gevent.event.Event()
+        self.origin_unix: float | None = None
+        self.capacity_rps: float | None = None
+        self.calibration: dict[str, Any] | None = None
+        self.time_to_ready_s: float | None = None
+        self.golden_summary: dict[str, Any] | None = None
+        self.aggregate = Recording(self.scenario.load.window_s, self.scenario.load.first_requests)
+        self.error: dict[str, Any] | None = None
+        self.exit_code: int | None = None
+        self.sut_exit: dict[str, Any] | None = None
+        self.timeline: Any = None
+        self.chaos_skipped: list[dict[str, Any]] = []
+        self.sampler: subprocess.Popen | None = None
+        self.greenlets: list[gevent.Greenlet] = []
+        self.sut_doc: dict[str, Any] = {}
+        self.ended_unix: float | None = None
+
+    @property
+    def is_worker(self) -> bool:
+        return isinstance(self.env.runner, WorkerRunner)
+
+    @property
+    def is_master(self) -> bool:
+        return isinstance(self.env.runner, MasterRunner)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.opts.out)
+
+    def scenario_time(self) -> float:
+        if self.origin_unix is None:
+            return 0.0
+        return time.time() - self.origin_unix
+
+    def stage_for_shape(self, t: float) -> Stage | None:
+        if t >= self.scenario.duration_s or self.sut_exit is not None or self.error is not None:
+            return None
+        return self.scenario.stage_at(max(t, 0.0))
+
+    def wait_engine(self, timeout: float = 60.0) -> Engine:
+        if not self.engine_ready.wait(timeout) or self.engine is None:
+            raise TargetUnavailable(
+                f"no load plan from the master within {timeout:g} s; is the master running "
+                f"the same locustfile and scenario?"
+            )
+        return self.engine
+
+    # -- master / local: preparation -----------------------------------------------
+
+    def prepare(self) -> bool:
+        """Run once per test from the shape's first tick; False if the run cannot go on."""
+        if self.prepared:
+            return self.error is None
+        self._reset_run()
+        self.prepared = True
+        try:
+            self._prepare()
+            return True
+        except HarnessError as exc:
+            self._record_error(exc)
+            return False
+
+    def _record_error(self, exc: HarnessError) -> None:
+        log.error("harness: %s", exc)
+        self.error = {"type": type(exc).__name__, "message": str(exc)}
+        self.exit_code = exc.exit_code
+
+    def _base_url(self) -> str:
+        host = self.env.host
+        if not host:
+            raise ConfigError(
+                "no target: pass --host http://HOST:PORT (or --sut-cmd to start the server)"
+            )
+        return host.rstrip("/")
+
+    def _start_sut(self) -> None:
+        o = self.opts
+        if o.sut_cmd:
+            if (
+                self.sut_handle is None
+                or self.scenario.load.fresh_sut
+                or not self.sut_handle.alive()
+            ):
+                if self.sut_handle is not None:
+                    self.sut_handle.stop()
+                port = _port_of(self.env.host)
+                cores = sut.parse_cores(o.sut_cores) if o.sut_cores else sut.choose_cores().sut
+                self.sut_handle = sut.SutProcess(o.sut_cmd, port=port, cores=cores)
+                self.sut_handle.start()
+                self.time_to_ready_s = self.sut_handle.wait_ready(timeout=o.ready_timeout_s)
+        elif o.sut_pid is not None and self.sut_handle is None:
+            self.sut_handle = sut.attach(o.sut_pid, self._base_url())
+
+    def _prepare(self) -> None:
+        o = self.opts
+        load = self.scenario.load
+        self._start_sut()
+        base = self._base_url()
+        status, _ = _get(base + "/v2/health/ready")
+        if status != 200:
+            raise TargetUnavailable(
+                f"{base}/v2/health/ready answered {status or 'nothing'}; start the server "
+                f"or point --host at it"
+            )
+        server_meta = _json_or_none(base + "/v2")
+        model = o.model or (server_meta or {}).get("model")
+        if not model:
+            raise ConfigError(
+                f"--model is not set and GET {base}/v2 names no model; pass --model NAME"
+            )
+        meta = payloads.model_metadata(base, model)
+        specs, first = payloads.resolve_specs(meta, model, o.inputs, o.sample_request)
+        max_batch = int((meta.get("parameters") or {}).get("max_batch_size") or 32)
+        pool_size = load.pool_size or max(64, 4 * max_batch)
+        inputs = payloads.generate_inputs(specs, pool_size, load.seed, first)
+        host, port, prefix = http.split_url(base)
+        classes = [
+            payloads.ClassParams(c.name, c.priority, c.timeout_us) for c in self.scenario.classes
+        ]
+        pool = payloads.PayloadPool(
+            host, port, f"{prefix}/v2/models/{model}/infer", inputs, classes
+        )
+        golden = None
+        if load.verify:
+            golden = fetch_golden(pool, host, port, load.request_timeout_s)
+            self.golden_summary = golden.summary()
+        self.capacity_rps = load.capacity_rps
+        if self.scenario.needs_capacity and self.capacity_rps is None:
+            users = load.calibration_users or max(8, 2 * max_batch)
+            cal = calibrate.calibrate(
+                pool,
+                host,
+                port,
+                classes[-1].name,
+                users=users,
+                duration_s=load.calibration_s,
+                timeout_s=load.request_timeout_s,
+            )
+            self.calibration = cal.as_dict()
+            self.capacity_rps = cal.capacity_rps
+            log.info("harness: calibrated capacity %.1f req/s (%d users)", cal.capacity_rps, users)
+        self.sut_doc = {
+            "target": base,
+            "pid": self._sut_pid(),
+            "cmd": getattr(self.sut_handle, "cmd", None),
+            "model": model,
+            "cores": _cores_of(self.sut_handle),
+            "config": {"server": server_meta, "model": meta},
+        }
+        self.origin_unix = time.time() + PLAN_LEAD_S
+        wire = {
+            "origin_unix": self.origin_unix,
+            "base_url": base,
+            "model": model,
+            "capacity_rps": self.capacity_rps,
+            "inputs": inputs,
+            "golden": integrity.golden_to_wire(golden) if golden is not None else None,
+            "options": asdict(self.opts),
+        }
+        self._distribute(wire)
+        self._start_side_tasks(base)
+
+    def _sut_pid(self) -> int | None:
+        h = self.sut_handle
+        if h is None:
+            return None
+        try:
+            return int(h.pid)
+        except HarnessError:
+            return None
+
+    def _distribute(self, wire: dict[str, Any]) -> None:
+        runner = self.env.runner
+        if self.is_master:
+            clients = runner.clients.ready + runner.clients.running + runner.clients.spawning
+            ids = sorted((c.id for c in clients), key=runner.get_worker_index)
+            if not ids:
+                raise TargetUnavailable(
+                    "no workers connected; start workers or use --expect-workers"
+                )
+            self.slots = len(ids)
+            self.plan_clients = ids
+            self.aggregate.expect(ids)
+            for slot, cid in enumerate(ids):
+                runner.send_message(
+                    "harness_plan", {**wire, "slot": slot, "slots": len(ids)}, client_id=cid
+                )
+        else:
+            self.slots = 1
+            self.aggregate.expect(["local"])
+            self.on_plan({**wire, "slot": 0, "slots": 1})
+            self.greenlets.append(gevent.spawn(self._local_reports))
+
+    def _start_side_tasks(self, base: str) -> None:
+        pid = self._sut_pid()
+        if pid is not None and self.opts.sample:
+            self.sampler = _start_sampler(pid, self.out_dir / "samples", base + "/metrics")
+        if self.scenario.chaos:
+            if self.sut_handle is None:
+                self.chaos_skipped = [
+                    {
+                        "action": e.action,
+                        "params": dict(e.params),
+                        "start_s": e.at_s,
+                        "end_s": None,
+                        "ok": False,
+                        "error": "no SUT process to act on: pass --sut-pid or --sut-cmd",
+                    }
+                    for e in self.scenario.chaos
+                ]
+            else:
+                from harness.chaos.timeline import Timeline
+
+                t0 = time.monotonic() + (self.origin_unix - time.time())
+                self.timeline = Timeline(self.scenario.chaos, self.sut_handle, handle_signals=False)
+                self.timeline.start(t0=t0)
+        if self.sut_handle is not None:
+            self.greenlets.append(gevent.spawn(self._watch_sut))
+        self.greenlets.append(gevent.spawn(self._write_periodically))
+
+    # -- master / local: during the run --------------------------------------------
+
+    def _local_reports(self) -> None:
+        while not self.finalized:
+            gevent.sleep(REPORT_EVERY_S)
+            if self.engine is not None and not self.finalized:
+                self.aggregate.merge(self.engine.recording.drain(self.engine.now()), "local")
+
+    def _watch_sut(self) -> None:
+        restarts = any(e.action == "kill" for e in self.scenario.chaos)
+        while not self.finalized:
+            gevent.sleep(0.5)
+            h = self.sut_handle
+            if h is None or h.alive():
+                continue
+            if restarts:
+                # a kill+restart chaos event is allowed to take the server away for a while
+                deadline = time.monotonic() + 30.0 + max(e.duration_s for e in self.scenario.chaos)
+                while time.monotonic() < deadline and not h.alive() and not self.finalized:
+                    gevent.sleep(0.5)
+                if h.alive() or self.finalized:
+                    continue
+            code = getattr(getattr(h, "_popen", None), "returncode", None)
+            self.sut_exit = {
+                "t_s": round(self.scenario_time(), 3),
+                "exit_code": code,
+                "cause": f"the server under test exited (code {code}) during the run",
+                "log_tail": h.tail() if hasattr(h, "tail") else None,
+            }
+            log.error(
+                "harness: %s at t=%.1f s; stopping the test",
+                self.sut_exit["cause"],
+                self.sut_exit["t_s"],
+            )
+            self.exit_code = 1
+            gevent.spawn(self.env.runner.stop)
+            return
+
+    def _write_periodically(self) -> None:
+        while not self.finalized:
+            gevent.sleep(WRITE_EVERY_S)
+            if not self.finalized:
+                with contextlib.suppress(Exception):
+                    self._write(partial=True, samples=None)
+
+    # -- worker / local: the engine --------------------------------------------------
+
+    def on_plan(self, wire: dict[str, Any]) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self.is_worker:
+            # A worker's own command line need not repeat the harness options: take the
+            # master's, so every process runs the very same scenario.
+            opts = dict(wire["options"])
+            opts["inputs"] = tuple(opts["inputs"])
+            self.opts = Options(**opts)
+            self.scenario = self._load_scenario()
+        plan = Plan.from_wire(wire)
+        self.engine = Engine(
+            self.scenario,
+            plan,
+            Recording(
+                self.scenario.load.window_s, -(-self.scenario.load.first_requests // plan.slots)
+            ),
+            fire_request=self.env.events.request.fire,
+        )
+        self.engine_ready.set()
+
+    def drain_for_master(self) -> dict[str, Any] | None:
+        e = self.engine
+        if e is None or e.recording.closed:
+            return None
+        return e.recording.drain(e.now())
+
+    def final_delta(self) -> dict[str, Any] | None:
+        e = self.engine
+        if e is None or e.recording.closed:
+            return None
+        grace = self.scenario.load.request_timeout_s + 1.0
+        left = e.wait_in_flight(grace)
+        if left:
+            log.warning("harness: %d requests still in flight after %.1f s", left, grace)
+        delta = e.recording.drain(e.now(), final=True)
+        e.close()
+        return delta
+
+    # -- master: merging -------------------------------------------------------------
+
+    def on_worker_report(self, client_id: str, data: dict[str, Any]) -> None:
+        delta = data.get("harness")
+        if delta and not self.finalized:
+            self.aggregate.merge(delta, client_id)
+
+    def on_final(self, client_id: str, delta: dict[str, Any] | None) -> None:
+        if delta and not self.finalized:
+            self.aggregate.merge(delta, client_id)
+        self.finals.add(client_id)
+        if self.finals >= set(self.plan_clients):
+            self.finals_event.set()
+
+    # -- the end ---------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        """At test_stop on the master/local runner: merge, stop side tasks, write results."""
+        if self.finalized or not self.prepared:
+            return
+        if self.is_master:
+            self.finals_event.wait(self.scenario.load.request_timeout_s + 15.0)
+            missing = set(self.plan_clients) - self.finals
+            if missing:
+                log.warning("harness: no final report from workers %s", sorted(missing))
+        else:
+            delta = self.final_delta()
+            if delta:
+                self.aggregate.merge(delta, "local")
+        self.finalized = True
+        self.ended_unix = time.time()
+        for g in self.greenlets:
+            g.kill(block=False)
+        if self.timeline is not None:
+            self.timeline.stop()
+        samples = self._stop_sampler()
+        self.aggregate.finish()
+        self._write(partial=self._partial(), samples=samples)
+
+    def _partial(self) -> bool:
+        missing = bool(set(self.plan_clients) - self.finals) if self.is_master else False
+        return (
+            (not self.shape_done) or self.sut_exit is not None or self.error is not None or missing
+        )
+
+    def _stop_sampler(self) -> dict[str, Any] | None:
+        proc, self.sampler = self.sampler, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        from harness.collectors import read_samples
+
+        try:
+            return read_samples(self.out_dir / "samples")
+        except HarnessError as exc:
+            log.warning("harness: sampler output unreadable: %s", exc)
+            return None
+
+    def _write(self, partial: bool, samples: dict[str, Any] | None) -> Path:
+        end = self.ended_unix or time.time()
+        chaos = list(self.timeline.records) if self.timeline is not None else []
+        sc = scenario_result(
+            scenario=self.scenario,
+            file=self.opts.scenario,
+            recording=self.aggregate,
+            started_unix=self.origin_unix,
+            duration_s=round(max(0.0, end - (self.origin_unix or end)), 3),
+            partial=partial,
+            capacity_rps=self.capacity_rps,
+            calibration=self.calibration,
+            time_to_ready_s=self.time_to_ready_s,
+            golden_summary=self.golden_summary,
+            chaos=chaos + self.chaos_skipped,
+            samples=samples,
+            sut_cores=len(self.sut_doc.get("cores") or []) or None,
+            error=self.error,
+            sut_exit=self.sut_exit,
+            workers=self.slots,
+        )
+        import locust
+
+        doc = results.new_document(
+            sut=self.sut_doc or {"target": self.env.host},
+            loadgen={
+                "workers": self.slots,
+                "locust_version": locust.__version__,
+                "cores": sorted(os.sched_getaffinity(0)),
+                "master_cpu_s": round(sum(os.times()[:2]), 3),
+            },
+        )
+        doc["partial"] = partial
+        doc["scenarios"].append(sc)
+        return results.write_document(self.out_dir / "results.json", doc)
+
+    def shutdown(self) -> None:
+        """At quit: stop what this process started (the SUT last)."""
+        for g in self.greenlets:
+            g.kill(block=False)
+        if self.timeline is not None:
+            with contextlib.suppress(Exception):
+                self.timeline.stop()
+        self._stop_sampler()
+        if self.engine is not None:
+            self.engine.close()
+        if isinstance(self.sut_handle, sut.SutProcess):
+            self.sut_handle.stop()
+
+
+def fetch_golden(
+    pool: payloads.PayloadPool, host: str, port: int, timeout_s: float
+) -> integrity.Golden:
+    """Send every pool input once, one at a time (batch size 1), and keep the answers."""
+    conn = http.Connection(host, port)
+    cls = pool.class_names[-1]
+    outputs = []
+    try:
+
+        def ask(i: int, n: int) -> tuple[Any, ...]:
+            rid = payloads.make_id(0xFFFE, n)
+            try:
+                status, body = conn.exchange(pool.raw(cls, i, rid), max(timeout_s, 10.0))
+            except (http.RequestTimeout, http.ConnectionFailed) as exc:
+                raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
+            if status != 200:
+                raise TargetUnavailable(
+                    f"golden output for pool input {i}: HTTP {status} {body[:200]!r}; the "
+                    f"server must answer single requests before load starts"
+                )
+            try:
+                return integrity.parse_answer(body)[1]
+            except integrity.BadResponse as exc:
+                raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
+
+        for i in range(len(pool)):
+            outputs.append(ask(i, i))
+        repeats = [(i, ask(i, len(pool) + i)) for i in range(min(8, len(pool)))]
+    finally:
+        conn.close()
+    return integrity.build_golden(outputs, repeats)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        return http.request(url, "GET", timeout=10.0)
+    except (http.RequestTimeout, http.ConnectionFailed):
+        return 0, b""
+
+
+def _json_or_none(url: str) -> dict[str, Any] | None:
+    try:
+        return payloads.fetch_json(url)
+    except TargetUnavailable:
+        return None
+
+
+def _port_of(host: str | None) -> int | None:
+    if not host:
+        return None
+    return http.split_url(host)[1]
+
+
+def _cores_of(handle: Any) -> list[int] | None:
+    if handle is None:
+        return None
+    try:
+        cores = handle.cores
+        return list(cores) if cores is not None else None
+    except (OSError, HarnessError):
+        return None
+
+
+def _start_sampler(pid: int, out: Path, metrics_url: str) -> subprocess.Popen:
+    """``harness sample`` as a subprocess: the sampler never shares our gevent loop."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "sample",
+        "--pid",
+        str(pid),
+        "--out",
+        str(out),
+        "--interval",
+        "1",
+        "--metrics-url",
+        metrics_url,
+        "--loadgen-pid",
+        str(os.getpid()),
+    ]
+    log_file = open(out / "sampler.log", "wb")  # noqa: SIM115 (the child holds it)
+    try:
+        return subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    finally:
+        log_file.close()

@@ -1,0 +1,155 @@
+"""The scenario result (``scenarios[i]`` of results.json) built from a merged Recording.
+
+Shape: docs/architecture.md, "One scenario result". Pure assembly — it measures nothing
+and judges nothing; ``harness.checks`` fills ``checks`` and ``verdict`` later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.load.recording import Recording, counters_view, encode
+from harness.load.scenario import Scenario
+
+
+def stages_view(scenario: Scenario, capacity_rps: float | None) -> list[dict[str, Any]]:
+    out = []
+    for s in scenario.stages:
+        try:
+            rate = s.rate_rps(capacity_rps)
+        except Exception:  # relative rate, never calibrated (the run failed before)
+            rate = None
+        out.append(
+            {
+                "name": s.name,
+                "start_s": s.start_s,
+                "end_s": s.end_s,
+                "kind": s.kind,
+                "rate_rps": rate,
+                "rate": None if s.rate is None else str(s.rate),
+                "users": s.users,
+                "threads": s.threads,
+                "warmup_s": s.warmup_s,
+            }
+        )
+    return out
+
+
+def classes_view(scenario: Scenario) -> dict[str, Any]:
+    return {
+        c.name: {"priority": c.priority, "share": c.share, "timeout_us": c.timeout_us}
+        for c in scenario.classes
+    }
+
+
+def linearity_view(
+    scenario: Scenario, rows: Sequence[Mapping[str, Any]], cores: int | None
+) -> dict[str, Any] | None:
+    """Throughput of each linearity stage (ok answers per second after its warm-up)."""
+    spec = scenario.linearity
+    if spec is None:
+        return None
+    points: dict[int, list[float]] = {}
+    for stage in scenario.stages:
+        n = stage.threads if spec.vary == "threads" else stage.users
+        lo, hi = stage.start_s + stage.warmup_s, stage.end_s
+        ok = sum(int(r["ok"]) for r in rows if lo <= r["t"] < hi)
+        points.setdefault(int(n or 0), []).append(ok / max(hi - lo, 1e-9))
+    return {
+        "vary": spec.vary,
+        "points": [{"n": n, "throughput_rps": v} for n, v in sorted(points.items())],
+        "cores_available": cores,
+    }
+
+
+def contention_view(scenario: Scenario) -> dict[str, Any] | None:
+    spec = scenario.contention
+    if spec is None:
+        return None
+    return {
+        "blocks": [
+            {"kind": b.kind, "stage": b.stage, "start_s": b.start_s, "end_s": b.end_s}
+            for b in spec.blocks
+        ],
+        "warmup_s": spec.warmup_s,
+    }
+
+
+def scenario_result(
+    *,
+    scenario: Scenario,
+    file: str,
+    recording: Recording | None,
+    started_unix: float | None,
+    duration_s: float,
+    partial: bool,
+    capacity_rps: float | None,
+    calibration: Mapping[str, Any] | None,
+    time_to_ready_s: float | None,
+    golden_summary: Mapping[str, Any] | None,
+    chaos: Sequence[Mapping[str, Any]],
+    samples: Mapping[str, Any] | None,
+    sut_cores: int | None,
+    error: Mapping[str, Any] | None,
+    sut_exit: Mapping[str, Any] | None,
+    workers: int,
+) -> dict[str, Any]:
+    rec = recording if recording is not None else Recording(window_s=scenario.load.window_s)
+    total = rec.totals()
+    integrity = {
+        k: int(rec.integrity.get(k, 0))
+        for k in ("checked", "ok", "drift", "cross_wired", "id_mismatch")
+    }
+    integrity.update(
+        {
+            "verified": golden_summary is not None,
+            "tolerance": None if golden_summary is None else golden_summary.get("tolerance"),
+            "pool": None if golden_summary is None else golden_summary.get("pool"),
+            "distinct": None if golden_summary is None else golden_summary.get("distinct"),
+            "examples": list(rec.examples),
+        }
+    )
+    samples = samples or {}
+    return {
+        "name": scenario.name,
+        "file": file,
+        "mode": scenario.mode,
+        "description": scenario.description,
+        "started_unix": started_unix,
+        "duration_s": duration_s,
+        "partial": partial,
+        "error": dict(error) if error else None,
+        "sut_exit": dict(sut_exit) if sut_exit else None,
+        "capacity_rps": capacity_rps,
+        "calibration": dict(calibration) if calibration else None,
+        "check_config": scenario.check_config(),
+        "time_to_ready_s": time_to_ready_s,
+        "load": {
+            "mode": scenario.load.mode,
+            "arrival": scenario.load.arrival,
+            "request_timeout_s": scenario.load.request_timeout_s,
+            "max_in_flight": scenario.load.max_in_flight,
+            "seed": scenario.load.seed,
+            "workers": workers,
+        },
+        "stages": stages_view(scenario, capacity_rps),
+        "classes": classes_view(scenario),
+        "counters": counters_view(total.counts, rec.in_flight_final),
+        "by_class": rec.by_class(),
+        "by_stage": rec.by_stage(),
+        "windows": {"width_s": rec.window_s, "rows": list(rec.rows)},
+        "first_requests": {"n": rec.first.get_total_count(), "latency_hdr": encode(rec.first)},
+        "latency_hdr": encode(total.hdr),
+        "dispatch_lag_hdr": encode(rec.dispatch_lag),
+        "error_latency_hdr": encode(rec.error_latency),
+        "integrity": integrity,
+        "linearity": linearity_view(scenario, rec.rows, sut_cores),
+        "contention": contention_view(scenario),
+        "chaos": [dict(c) for c in chaos],
+        "server": samples.get("server"),
+        "system": samples.get("system"),
+        "metrics": samples.get("metrics"),
+        "checks": [],
+        "verdict": None,
+    }

@@ -1,0 +1,9 @@
+"""Locust entry point of the harness.
+
+    locust -f locustfiles/inference.py --host http://127.0.0.1:8000 --scenario spike \
+        [--model NAME] [--sut-pid PID | --sut-cmd "CMD {port}"] [--out DIR] [--headless]
+
+Everything lives in the plugin; ``locust --help`` lists its options under "harness".
+"""
+
+from harness.load.plugin import *  # noqa: F403 (users, shape and listeners for Locust)
