@@ -55,9 +55,7 @@ def _recovery(
         return r.skipped("no windowed latencies were recorded")
     p99 = smooth(w.p99_ms, int(p["smooth_windows"]))
     base_vals = [
-        b
-        for lo, hi in baseline_spans
-        if (b := baseline_p99_ms(w.t, p99, lo + float(p["discard_s"]), hi)) is not None
+        b for lo, hi in baseline_spans if (b := baseline_p99_ms(w.t, p99, lo, hi)) is not None
     ]
     if not base_vals:
         return r.skipped(f"no baseline windows before the {event} to define the latency band")
@@ -100,6 +98,15 @@ def _recovery(
     return r.judged(round(rec.recovery_s, 3), ok, detail, n=rec.windows_after)
 
 
+def _discard(stage: Mapping[str, Any] | None, r: Result | None) -> float:
+    """Seconds skipped at a block's start: the check's ``discard_s`` or the stage's
+    own ``warmup_s``, whichever is longer (none when ``r`` is None)."""
+    if r is None:
+        return 0.0
+    warm = float((stage or {}).get("warmup_s") or 0.0)
+    return max(float(r.params["discard_s"]), warm)
+
+
 def _rate(s: Mapping[str, Any]) -> float:
     return float(s.get("rate_rps") or s.get("users") or 0.0)
 
@@ -129,7 +136,7 @@ def spike_recovery(result: Mapping[str, Any], r: Result) -> Check:
         r,
         f"spike stage '{event['name']}'",
         float(event["end_s"]),
-        [(float(base["start_s"]), float(base["end_s"]))],
+        [(float(base["start_s"]) + _discard(base, r), float(base["end_s"]))],
     )
 
 
@@ -201,26 +208,34 @@ def spike_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     )
 
 
-def contention_blocks(result: Mapping[str, Any]) -> dict[str, list[Block]]:
-    """Blocks by kind, from ``contention.blocks`` or else from the cpu_hog chaos events."""
+def contention_blocks(result: Mapping[str, Any], r: Result | None) -> dict[str, list[Block]]:
+    """Blocks by kind, from ``contention.blocks`` or else from the cpu_hog chaos events.
+
+    Each block starts after its discarded seconds (``discard_s`` or the block's stage
+    ``warmup_s``): the scheduler and the server's queue need a moment to settle.
+    """
     out: dict[str, list[Block]] = {"baseline": [], "hog": [], "after": []}
     blocks = (result.get("contention") or {}).get("blocks") or []
     if blocks:
         for b in blocks:
-            out.setdefault(b["kind"], []).append(
-                Block(b["kind"], float(b["start_s"]), float(b["end_s"]))
-            )
+            skip = _discard(d.stage(result, b.get("name") or ""), r)
+            start = min(float(b["start_s"]) + skip, float(b["end_s"]))
+            out.setdefault(b["kind"], []).append(Block(b["kind"], start, float(b["end_s"])))
         return out
     hogs = [c for c in result.get("chaos") or [] if c.get("action") == "cpu_hog" and c.get("end_s")]
     if not hogs:
         return out
+    skip = _discard(None, r)
     first = min(float(c["start_s"]) for c in hogs)
     last = max(float(c["end_s"]) for c in hogs)
-    out["baseline"].append(Block("baseline", 0.0, first))
-    out["hog"] = [Block("hog", float(c["start_s"]), float(c["end_s"])) for c in hogs]
+    out["baseline"].append(Block("baseline", min(skip, first), first))
+    out["hog"] = [
+        Block("hog", min(float(c["start_s"]) + skip, float(c["end_s"])), float(c["end_s"]))
+        for c in hogs
+    ]
     end = float(result.get("duration_s") or last)
     if end > last:
-        out["after"].append(Block("after", last, end))
+        out["after"].append(Block("after", min(last + skip, end), end))
     return out
 
 
@@ -232,7 +247,7 @@ def contention_blocks(result: Mapping[str, Any]) -> dict[str, list[Block]]:
     summary="median ok throughput with CPU hogs vs without",
 )
 def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
-    blocks = contention_blocks(result)
+    blocks = contention_blocks(result, r)
     if not blocks["hog"] or not blocks["baseline"]:
         return r.skipped("the scenario has no baseline and CPU-hog blocks")
     w = d.windows(result)
@@ -241,11 +256,12 @@ def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
     rps = [ok / w.width_s for ok in w.ok]
     p50 = w.p50_ms
     disc = float(r.params["discard_s"])
+    # blocks already start after their discarded seconds
     tp = degradation_ratio(
-        w.t, rps, blocks["baseline"], blocks["hog"], discard_s=disc, width_s=w.width_s
+        w.t, rps, blocks["baseline"], blocks["hog"], discard_s=0.0, width_s=w.width_s
     )
     lat = degradation_ratio(
-        w.t, p50, blocks["baseline"], blocks["hog"], discard_s=disc, width_s=w.width_s
+        w.t, p50, blocks["baseline"], blocks["hog"], discard_s=0.0, width_s=w.width_s
     )
     need = int(r.params["min_windows"])
     if tp.n_baseline < need or tp.n_test < need or tp.ratio is None:
@@ -277,7 +293,7 @@ def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
     summary="failures while CPU is taken away are quick 503/429",
 )
 def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
-    blocks = contention_blocks(result)
+    blocks = contention_blocks(result, None)  # every failure in a hog block counts
     w = d.windows(result)
     if not blocks["hog"] or w is None:
         c = d.counters(result)
@@ -303,7 +319,7 @@ def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     summary="time after the CPU hogs stop until p99 is back within the baseline band",
 )
 def contention_recovery(result: Mapping[str, Any], r: Result) -> Check:
-    blocks = contention_blocks(result)
+    blocks = contention_blocks(result, r)
     if not blocks["hog"] or not blocks["baseline"]:
         return r.skipped("the scenario has no baseline and CPU-hog blocks")
     end = max(b.end_s for b in blocks["hog"])
