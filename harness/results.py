@@ -125,6 +125,8 @@ def write_document(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path
     text = dumps(doc)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp creates 0600; results are shared artefacts (CI uploads, other users).
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()

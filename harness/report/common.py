@@ -6,15 +6,15 @@ machine that never ran the test).
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from harness.analysis.trend import TrendParams, leak_test
 from harness.results import combine_verdicts
 
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
@@ -88,8 +88,8 @@ def overall_verdict(doc: Mapping[str, Any]) -> str | None:
 
 
 def invalid_reasons(sc: Mapping[str, Any]) -> list[str]:
-    """Why a scenario run was invalid: its own reasons, else its failed checks' details."""
-    reasons = sc.get("invalid_reasons")
+    """Why a scenario run was invalid: its ``validity`` reasons, else its failed checks."""
+    reasons = sc.get("validity")
     if isinstance(reasons, str):
         return [reasons]
     if reasons:
@@ -174,38 +174,36 @@ def error_total(counters: Mapping[str, Any] | None) -> int:
     return int(sum(v for v in failed.values() if isinstance(v, int | float)))
 
 
-def _theil_sen_scipy(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    from scipy.stats import theilslopes
+@dataclass(frozen=True)
+class TrendLine:
+    """The leak detector's Theil–Sen fit of one series, for drawing and comparing."""
 
-    res = theilslopes(y, t)
-    return float(res[0]), float(res[1])
+    slope_per_min: float  # y units per minute
+    ci_low: float  # confidence interval of the slope (``ci``; the detector's default 90 %)
+    ci_high: float
+    start_s: float  # the fit covers [start_s, end_s]: the warm-up before it is excluded
+    end_s: float
+    intercept: float  # y at t = 0 on the fitted line
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        return self.intercept + self.slope_per_min / 60.0 * t
 
 
-def theil_sen_line() -> Callable[[np.ndarray, np.ndarray], tuple[float, float]]:
-    """A Theil–Sen (slope, intercept) fitter: ``harness.analysis.trend``'s when it has one.
+def trend_line(t: np.ndarray, y: np.ndarray, ci: float = 0.90) -> TrendLine | None:
+    """Theil–Sen line of ``y`` over ``t`` (s) after the warm-up, as ``harness.analysis.trend``
+    fits it (bucket medians, warm-up excluded); None when it has too few samples.
 
-    Reports draw and compare trends; the leak *verdict* is the checks' job, so a fallback
-    to scipy here can never change a verdict.
+    Reports draw and compare this line; the leak *verdict* is the checks' job (with the
+    scenario's own parameters), so the threshold here is irrelevant and set to 0.
     """
-    try:
-        mod = importlib.import_module("harness.analysis.trend")
-    except ImportError:
-        return _theil_sen_scipy
-    fn = getattr(mod, "theil_sen", None)
-    if not callable(fn):
-        return _theil_sen_scipy
-
-    def via_analysis(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        res = fn(t, y)
-        slope = getattr(res, "slope", None)
-        intercept = getattr(res, "intercept", None)
-        if slope is None and isinstance(res, tuple):
-            slope, intercept = res[0], res[1]
-        if slope is None or intercept is None:
-            return _theil_sen_scipy(t, y)
-        return float(slope), float(intercept)
-
-    return via_analysis
+    res = leak_test(t, y, TrendParams(slope_threshold=0.0, ci=ci))
+    if res.slope_per_min is None or res.ci_low is None or res.ci_high is None or not len(t):
+        return None
+    start = float(np.min(t)) + res.warmup_s
+    keep = t >= start
+    b = res.slope_per_min / 60.0
+    intercept = float(np.median(y[keep] - b * t[keep]))
+    return TrendLine(res.slope_per_min, res.ci_low, res.ci_high, start, float(np.max(t)), intercept)
 
 
 def numeric_series(values: Iterable[Any], t: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:

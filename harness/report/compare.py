@@ -2,7 +2,7 @@
 
 Metrics, per scenario present in both runs: p50 and p99 latency per priority class (from
 the HDR histograms, ok responses), throughput (ok / duration), error rate (failed /
-(ok + failed)), the RSS slope after warm-up (Theil–Sen, MiB/min), and every numeric check
+(ok + failed)), the RSS slope after warm-up (the leak detector's Theil–Sen fit, MiB/min), and every numeric check
 value. A metric *regressed* when it moved the wrong way by more than its noise margin,
 
     allowed = max(abs_floor, rel × |base|)
@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from harness.errors import ResultFormatError
 from harness.report.common import (
+    TrendLine,
     check_state,
     error_total,
     fmt_num,
     hdr_summary,
     numeric_series,
     scenario_verdict,
+    trend_line,
 )
 from harness.results import load_document, metadata_mismatch
 
@@ -50,7 +50,9 @@ INSUFFICIENT, MISSING, NEW, NOT_JUDGED = (
 )
 MIN_P99_SAMPLES = 1000
 MIN_P50_SAMPLES = 100
-WARMUP_FRACTION = 0.25  # REFERENCE §D: leave the first quarter out of a resource trend
+# Two runs' RSS slopes differ only when their 99 % intervals are disjoint: on 30 s of a flat
+# series, 90 % intervals were disjoint for one pair of synthetic runs in fifteen.
+RSS_SLOPE_CI = 0.99
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,8 @@ class Margins:
     - p99: ±20 % or 1 ms — tails move with scheduling noise on a shared 2-core box.
     - throughput: ±5 % or 1 req/s — open-loop throughput tracks the offered rate closely.
     - error rate: ±50 % or 0.2 percentage points — a handful of extra errors is noise.
-    - RSS slope: ±50 % or 0.5 MiB/min, and the runs' 95 % Theil–Sen intervals must not
-      overlap — short runs give noisy slopes.
+    - RSS slope: ±50 % or 0.5 MiB/min, and the runs' 99 % confidence intervals (the
+      leak detector's fit) must not overlap — short runs give noisy slopes.
     - check values: ±10 % (no floor); a pass → fail flip always counts.
     """
 
@@ -233,48 +235,30 @@ def _error_rate(sc: Mapping[str, Any]) -> float | None:
     return failed / (ok + failed) if ok + failed else None
 
 
-def rss_slope_mib_min(sc: Mapping[str, Any]) -> tuple[float, float, float] | None:
-    """Theil–Sen RSS slope after the warm-up quarter with its 95 % CI, in MiB/min.
-
-    None with fewer than 8 samples. The CI matters: on a short run a flat series gives
-    slopes of ±1 MiB/min from noise alone, so a slope change counts only when the two
-    runs' intervals do not overlap.
-    """
-    from scipy.stats import theilslopes
-
+def rss_slope_mib_min(sc: Mapping[str, Any]) -> TrendLine | None:
+    """The leak detector's Theil–Sen RSS trend after warm-up (MiB/min, 99 % CI)."""
     series = ((sc.get("server") or {}).get("series")) or {}
     t, y = numeric_series(series.get("rss_bytes") or [], series.get("t") or [])
-    if len(t) < 8:
-        return None
-    keep = t >= t.min() + WARMUP_FRACTION * (t.max() - t.min())
-    if keep.sum() < 6 or np.ptp(t[keep]) == 0:
-        return None
-    res = theilslopes(y[keep] / 2**20, t[keep], alpha=0.95)
-    return float(res[0]) * 60, float(res[2]) * 60, float(res[3]) * 60
+    return trend_line(t, y / 2**20, ci=RSS_SLOPE_CI) if len(t) else None
 
 
 def _rss_delta(
     name: str, base: Mapping[str, Any], new: Mapping[str, Any], margin: Margin
 ) -> MetricDelta | None:
+    # A slope change counts only when the runs' confidence intervals do not overlap: on a
+    # short run a flat series gives slopes of ±1 MiB/min from noise alone.
     b, n = rss_slope_mib_min(base), rss_slope_mib_min(new)
     if b is None and n is None:
         return None
-    status, note = judge(b[0] if b else None, n[0] if n else None, "lower", margin)
+    bv = b.slope_per_min if b else None
+    nv = n.slope_per_min if n else None
+    status, note = judge(bv, nv, "lower", margin)
     if b and n and status in (REGRESSED, IMPROVED):
         lo, hi = (b, n) if status == REGRESSED else (n, b)
-        if hi[1] <= lo[2]:  # 95 % intervals overlap: the slopes are not distinguishable
+        if hi.ci_low <= lo.ci_high:
             status = UNCHANGED
-            note = f"{note}; 95% CIs overlap ({fmt_num(b[1])}..{fmt_num(b[2])} vs {fmt_num(n[1])}..{fmt_num(n[2])})"
-    return MetricDelta(
-        name,
-        "rss_slope",
-        b[0] if b else None,
-        n[0] if n else None,
-        "MiB/min",
-        "lower",
-        status,
-        note,
-    )
+            note = f"{note}; CIs overlap ({fmt_num(b.ci_low)}..{fmt_num(b.ci_high)} vs {fmt_num(n.ci_low)}..{fmt_num(n.ci_high)})"
+    return MetricDelta(name, "rss_slope", bv, nv, "MiB/min", "lower", status, note)
 
 
 def _scenario_deltas(

@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from harness.report.common import numeric_series, theil_sen_line
+from harness.report.common import numeric_series, trend_line
 
 DPI = 80
 _WIDE = (9.0, 3.6)
@@ -163,25 +163,33 @@ def resources(sc: Mapping[str, Any]) -> Figure | Missing:
             panels.append((key, label, t, y / scale, per))
     if not panels:
         return Missing("no server-side samples (server.series): no pid was watched")
-    fit = theil_sen_line()
     fig, axes = _figure(len(panels), (9.0, 2.2))
     for ax, (_key, label, t, y, per) in zip(axes, panels, strict=True):
         ax.plot(t, y, color="C0", lw=1.0, label=label)
-        if len(t) >= 3 and np.ptp(t) > 0:
-            slope, intercept = fit(t, y)
+        line = trend_line(t, y)
+        if line is not None:
+            ax.axvspan(
+                float(t.min()),
+                line.start_s,
+                color="#dee2e6",
+                alpha=0.5,
+                lw=0,
+                label="warm-up (not fitted)",
+            )
+            xs = np.array([line.start_s, line.end_s])
             ax.plot(
-                t,
-                intercept + slope * t,
+                xs,
+                line.at(xs),
                 color="C3",
-                lw=1.2,
+                lw=1.4,
                 ls="--",
-                label=f"Theil–Sen trend {slope * 60:+.3g} {per}",
+                label=f"Theil–Sen trend {line.slope_per_min:+.3g} {per}",
             )
         _shade_chaos(ax, sc)
         ax.set_ylabel(label)
-        ax.legend(fontsize="small", loc="upper left")
+        ax.legend(fontsize="small", loc="upper left", ncols=3)
     axes[0].set_title(
-        "Server resources (trend over the whole run: a drawing aid; the verdict excludes warm-up)"
+        "Server resources with the leak detector's trend (a drawing aid; the verdict is the check's)"
     )
     axes[-1].set_xlabel("time since start (s)")
     return fig
