@@ -8,6 +8,7 @@ file, stops it cleanly on Ctrl-C and turns the per-scenario documents into one v
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -141,10 +142,8 @@ class _Interrupt:
 
     def __enter__(self) -> _Interrupt:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
