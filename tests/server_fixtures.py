@@ -21,8 +21,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -210,3 +211,107 @@ def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in rest for k, v in labels.items()):
             total += value
     return total
+
+
+# -- concurrent clients for real-socket tests ----------------------------------------
+
+SIM_ROW = [float(i) for i in range(16)]
+
+
+@dataclasses.dataclass
+class Answer:
+    status: int
+    doc: dict
+    headers: dict
+    start: float
+    end: float
+    sent: bytes = b""
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll server state we cannot subscribe to (readiness, metrics), bounded in time."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def connection(srv: ServerHandle) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+
+
+def send(srv: ServerHandle, body: bytes, model: str = "sim") -> Answer:
+    t0 = time.monotonic()
+    status, doc, headers = post_infer(srv.url, model, body, timeout=60)
+    return Answer(status, doc, headers, t0, time.monotonic(), body)
+
+
+def run_clients(
+    srv: ServerHandle,
+    n_clients: int,
+    per_client: int,
+    body: bytes | Callable[[int, int], bytes],
+    model: str = "sim",
+) -> list[Answer]:
+    """Closed loop: n_clients threads, each with one keep-alive connection.
+
+    ``body`` is fixed or a function of (client index, request index).
+    """
+    answers: list[Answer] = []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        conn = connection(srv)
+        try:
+            for r in range(per_client):
+                sent = body(c, r) if callable(body) else body
+                t0 = time.monotonic()
+                status, doc, headers = post_infer(srv.url, model, sent, conn=conn)
+                with lock:
+                    answers.append(Answer(status, doc, headers, t0, time.monotonic(), sent))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return answers
+
+
+def in_background(srv: ServerHandle, body: bytes, out: list[Answer]) -> threading.Thread:
+    t = threading.Thread(target=lambda: out.append(send(srv, body)))
+    t.start()
+    return t
+
+
+def batches_started(srv: ServerHandle) -> float:
+    # The batch-size histogram is observed when a batch starts; execution_count when it ends.
+    return metric_sum(scrape(srv.url), "refserver_batch_size_count")
+
+
+def balanced(srv: ServerHandle) -> tuple[float, float]:
+    m = scrape(srv.url)
+    return metric_sum(m, "refserver_requests_received_total"), metric_sum(
+        m, "refserver_requests_total"
+    )
+
+
+def backlog_order(srv: ServerHandle, n_default: int) -> tuple[Answer, list[Answer]]:
+    """Occupy the single worker, queue n_default default requests, then one priority 1."""
+    blocker: list[Answer] = []
+    threads = [in_background(srv, infer_body([SIM_ROW]), blocker)]
+    wait_until(lambda: batches_started(srv) == 1)
+    defaults: list[Answer] = []
+    for _ in range(n_default):
+        threads.append(in_background(srv, infer_body([SIM_ROW]), defaults))
+    wait_until(lambda: metric_sum(scrape(srv.url), "refserver_requests_in_flight") == 1 + n_default)
+    high = send(srv, infer_body([[9.0] * 16], priority=1))
+    for t in threads:
+        t.join(60)
+    return high, defaults

@@ -6,99 +6,29 @@ import http.client
 import json
 import os
 import signal
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
 from tests.server_fixtures import (
-    ServerHandle,
+    Answer,
+    backlog_order,
+    balanced,
+    batches_started,
     http_status,
+    in_background,
     infer_body,
     metric_sum,
-    post_infer,
+    run_clients,
     scrape,
+    send,
     start_server,
     wait_ready,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
 
 ROW = [float(i) for i in range(16)]
-
-
-@dataclass
-class Answer:
-    status: int
-    doc: dict
-    headers: dict
-    start: float
-    end: float
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
-def connection(srv: ServerHandle) -> http.client.HTTPConnection:
-    return http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
-
-
-def send(srv: ServerHandle, body: bytes, model: str = "sim") -> Answer:
-    t0 = time.monotonic()
-    status, doc, headers = post_infer(srv.url, model, body, timeout=60)
-    return Answer(status, doc, headers, t0, time.monotonic())
-
-
-def run_clients(srv: ServerHandle, n_clients: int, per_client: int, body: bytes) -> list[Answer]:
-    """Closed loop: n_clients threads, each with one keep-alive connection."""
-    answers: list[Answer] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        conn = connection(srv)
-        try:
-            for _ in range(per_client):
-                t0 = time.monotonic()
-                status, doc, headers = post_infer(srv.url, "sim", body, conn=conn)
-                with lock:
-                    answers.append(Answer(status, doc, headers, t0, time.monotonic()))
-        finally:
-            conn.close()
-
-    threads = [threading.Thread(target=client) for _ in range(n_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return answers
-
-
-def in_background(srv: ServerHandle, body: bytes, out: list[Answer]) -> threading.Thread:
-    t = threading.Thread(target=lambda: out.append(send(srv, body)))
-    t.start()
-    return t
-
-
-def batches_started(srv: ServerHandle) -> float:
-    # The batch-size histogram is observed when a batch starts; execution_count when it ends.
-    return metric_sum(scrape(srv.url), "refserver_batch_size_count")
-
-
-def balanced(srv: ServerHandle) -> tuple[float, float]:
-    m = scrape(srv.url)
-    return metric_sum(m, "refserver_requests_received_total"), metric_sum(
-        m, "refserver_requests_total"
-    )
 
 
 def test_batches_form_under_concurrency() -> None:
@@ -132,21 +62,6 @@ def test_full_queue_answers_503_fast_while_serving() -> None:
         assert metric_sum(m, "refserver_requests_total", reason="queue_full") == len(full)
         received, answered = balanced(srv)
         assert received == answered == len(answers) + 1
-
-
-def backlog_order(srv: ServerHandle, n_default: int) -> tuple[Answer, list[Answer]]:
-    """Occupy the single worker, queue n_default default requests, then one priority 1."""
-    blocker: list[Answer] = []
-    threads = [in_background(srv, infer_body([ROW]), blocker)]
-    wait_until(lambda: batches_started(srv) == 1)
-    defaults: list[Answer] = []
-    for _ in range(n_default):
-        threads.append(in_background(srv, infer_body([ROW]), defaults))
-    wait_until(lambda: metric_sum(scrape(srv.url), "refserver_requests_in_flight") == 1 + n_default)
-    high = send(srv, infer_body([[9.0] * 16], priority=1))
-    for t in threads:
-        t.join(60)
-    return high, defaults
 
 
 def test_priority_one_overtakes_default_backlog() -> None:
