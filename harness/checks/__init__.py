@@ -14,7 +14,12 @@ from harness.checks.engine import ValidityParams, evaluate, validity, verdict
 from harness.checks.model import Check, CheckSpec
 from harness.checks.registry import REGISTRY, load_checklist, resolve_params
 
-CHECK_IDS: tuple[str, ...] = tuple(REGISTRY)
+# DESIGN §4.3 order: the order reports list them in.
+_GROUPS = ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
+_GROUPS += ("contention", "accounting")
+CHECK_IDS: tuple[str, ...] = tuple(
+    sorted(REGISTRY, key=lambda cid: (_GROUPS.index(cid.split(".")[0]), list(REGISTRY).index(cid)))
+)
 
 __all__ = [
     "CHECK_IDS",

@@ -218,7 +218,7 @@ def contention_blocks(result: Mapping[str, Any], r: Result | None) -> dict[str, 
     blocks = (result.get("contention") or {}).get("blocks") or []
     if blocks:
         for b in blocks:
-            skip = _discard(d.stage(result, b.get("name") or ""), r)
+            skip = _discard(d.stage(result, b.get("stage") or b.get("name") or ""), r)
             start = min(float(b["start_s"]) + skip, float(b["end_s"]))
             out.setdefault(b["kind"], []).append(Block(b["kind"], start, float(b["end_s"])))
         return out

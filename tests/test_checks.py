@@ -1,0 +1,555 @@
+"""Every check on hand-built scenario results: pass, fail, skipped, insufficient samples."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+from hdrh.histogram import HdrHistogram
+
+from harness.checks import REGISTRY, Check, resolve_params
+
+MIB = 1024 * 1024
+
+# --- builders (hdrh directly; the shape of docs/architecture.md) -------------------------
+
+
+def hdr(values_us: Iterable[float]) -> str:
+    h = HdrHistogram(1, 60_000_000, 3)
+    for v in values_us:
+        h.record_value(max(1, int(v)))
+    return h.encode().decode("ascii")
+
+
+def counters(
+    ok: int, failed: dict[str, int] | None = None, dropped: int = 0, in_flight: int = 0
+) -> dict[str, Any]:
+    failed = {"http_503": 0, "timeout": 0, **(failed or {})}
+    return {
+        "scheduled": ok + sum(failed.values()) + dropped + in_flight,
+        "ok": ok,
+        "dropped": dropped,
+        "in_flight": in_flight,
+        "failed": failed,
+    }
+
+
+def result(**fields: Any) -> dict[str, Any]:
+    sc: dict[str, Any] = {
+        "name": "t",
+        "duration_s": 60.0,
+        "check_config": {},
+        "time_to_ready_s": None,
+        "stages": [],
+        "classes": {},
+        "counters": counters(0),
+        "by_class": {},
+        "by_stage": {},
+        "windows": {"width_s": 1.0, "rows": []},
+        "first_requests": None,
+        "dispatch_lag_hdr": None,
+        "error_latency_hdr": None,
+        "integrity": None,
+        "linearity": None,
+        "contention": None,
+        "chaos": [],
+        "server": None,
+        "system": None,
+    }
+    sc.update(fields)
+    return sc
+
+
+def stage(name: str, start: float, end: float, rate: float | None = 100.0, **kw: Any) -> dict:
+    return {"name": name, "start_s": start, "end_s": end, "kind": "open", "rate_rps": rate, **kw}
+
+
+def row(t: float, p99: float | None, ok: int = 100, cls: str = "default", **errors: int) -> dict:
+    return {
+        "t": float(t),
+        "class": cls,
+        "n": ok + sum(errors.values()),
+        "ok": ok,
+        "errors": errors,
+        "p50_ms": None if p99 is None else p99 / 3,
+        "p99_ms": p99,
+    }
+
+
+def run(check_id: str, sc: dict[str, Any], **params: Any) -> Check:
+    c = REGISTRY[check_id].fn(sc, resolve_params(check_id, params))
+    assert c.id == check_id
+    json.dumps(c.to_dict(), allow_nan=False)  # always a valid JSON check object
+    assert c.detail  # every verdict says something
+    if c.passed is None:
+        assert c.skipped
+    else:
+        assert c.skipped is None
+    return c
+
+
+def passed(c: Check) -> None:
+    assert c.passed is True, c.detail
+
+
+def failed(c: Check) -> None:
+    assert c.passed is False, c.detail
+
+
+def skipped(c: Check, *words: str) -> None:
+    assert c.passed is None and c.skipped, c.detail
+    for w in words:
+        assert w in c.skipped, c.skipped
+
+
+def steady_result(latencies_ms: Iterable[float], fails: dict[str, int] | None = None, **kw):
+    lat = list(latencies_ms)
+    c = counters(len(lat), fails)
+    return result(
+        stages=[stage("steady", 0, 40, 100.0)],
+        counters=c,
+        by_class={"default": {"counters": c, "latency_hdr": hdr(x * 1000 for x in lat)}},
+        by_stage={
+            "steady": {"default": {"counters": c, "latency_hdr": hdr(x * 1000 for x in lat)}}
+        },
+        **kw,
+    )
+
+
+# --- cold start ----------------------------------------------------------------------------
+
+
+def test_time_to_ready() -> None:
+    c = run("cold_start.time_to_ready_s", result(time_to_ready_s=2.5))
+    passed(c)
+    assert (c.value, c.threshold, c.op, c.unit) == (2.5, 30.0, "<=", "s")
+    failed(run("cold_start.time_to_ready_s", result(time_to_ready_s=2.5), threshold=1))
+    skipped(run("cold_start.time_to_ready_s", result()), "--sut-cmd")
+
+
+def test_first_p99_ratio() -> None:
+    rng = np.random.default_rng(0)
+    steady = rng.lognormal(np.log(20), 0.3, 2000)
+    warm = steady_result(steady, first_requests={"n": 100, "latency_hdr": hdr(steady[:100] * 1000)})
+    c = run("cold_start.first_p99_ratio", warm, steady_stage="steady")
+    passed(c)
+    assert c.value < 2 and c.n == 100
+    # no warmup: the first requests take 400 ms
+    cold = steady_result(steady, first_requests={"n": 100, "latency_hdr": hdr([400_000] * 100)})
+    c = run("cold_start.first_p99_ratio", cold)
+    failed(c)
+    assert c.value > 5 and "warm the model up" in c.detail
+    skipped(run("cold_start.first_p99_ratio", steady_result(steady)), "first-request")
+    few = steady_result(steady, first_requests={"n": 5, "latency_hdr": hdr([20_000] * 5)})
+    skipped(run("cold_start.first_p99_ratio", few), "only 5")
+
+
+def test_first_p99_ratio_ignores_tiny_absolute_excess() -> None:
+    # steady p99 0.5 ms, first p99 4 ms: 8x, but 3.5 ms is connection setup, not a defect
+    fast = steady_result([0.5] * 2000, first_requests={"n": 100, "latency_hdr": hdr([4000] * 100)})
+    c = run("cold_start.first_p99_ratio", fast)
+    passed(c)
+    assert c.value == pytest.approx(8, rel=0.01) and "noise" in c.detail
+
+
+# --- steady state ---------------------------------------------------------------------------
+
+
+def test_steady_p99_pass_fail_insufficient() -> None:
+    rng = np.random.default_rng(1)
+    good = steady_result(rng.lognormal(np.log(20), 0.3, 2000))
+    c = run("steady.p99_ms", good, stage="steady")
+    passed(c)
+    assert c.unit == "ms" and c.n == 2000 and 30 < c.value < 80
+    c = run("steady.p99_ms", good, threshold=25)
+    failed(c)
+    assert "> 25 ms" in c.detail
+    c = run("steady.p99_ms", steady_result(rng.lognormal(np.log(20), 0.3, 300)))
+    skipped(c, "insufficient samples", "n >= 459")
+    assert c.n == 300 and c.value is not None  # the estimate is still reported
+    skipped(run("steady.p99_ms", result()), "no successful")
+
+
+def test_steady_error_rate() -> None:
+    c = run("steady.error_rate", steady_result([5.0] * 995, {"http_503": 5}))
+    passed(c)
+    assert c.value == pytest.approx(0.005) and c.n == 1000
+    c = run("steady.error_rate", steady_result([5.0] * 950, {"http_500": 40, "timeout": 10}))
+    failed(c)
+    assert "http_500 40" in c.detail and c.value == pytest.approx(0.05)
+    skipped(run("steady.error_rate", steady_result([5.0] * 20)), "insufficient")
+
+
+def test_steady_error_rate_counts_drops_unless_told_not_to() -> None:
+    sc = steady_result([5.0] * 900)
+    sc["counters"] = counters(900, dropped=100)
+    failed(run("steady.error_rate", sc))
+    passed(run("steady.error_rate", sc, include_dropped=False))
+
+
+def test_steady_throughput() -> None:
+    c = run("steady.throughput", steady_result([5.0] * 3960), stage="steady")  # 99/s of 100
+    passed(c)
+    assert c.threshold == pytest.approx(95.0) and c.value == pytest.approx(99.0)
+    failed(run("steady.throughput", steady_result([5.0] * 3000)))  # 75/s
+    # absolute floor
+    failed(run("steady.throughput", steady_result([5.0] * 3960), threshold=120))
+    closed = steady_result([5.0] * 100)
+    closed["stages"] = [stage("steady", 0, 40, None, users=8)]
+    skipped(run("steady.throughput", closed), "closed-loop")
+    passed(run("steady.throughput", closed, threshold=1.0))
+
+
+# --- priority -----------------------------------------------------------------------------
+
+
+def priority_result(high_ms: float, high_fail: int, low_fail: int = 500) -> dict[str, Any]:
+    hc = counters(1000 - high_fail, {"http_503": high_fail})
+    lc = counters(4000 - low_fail, {"http_503": low_fail})
+    classes = {
+        "high": {"priority": 1, "share": 0.2, "timeout_us": None},
+        "low": {"priority": 2, "share": 0.8, "timeout_us": None},
+    }
+    by = {
+        "high": {"counters": hc, "latency_hdr": hdr([high_ms * 1000] * hc["ok"])},
+        "low": {"counters": lc, "latency_hdr": hdr([300_000] * lc["ok"])},
+    }
+    return result(
+        stages=[stage("warmup", 0, 10), stage("overload", 10, 45, 300.0)],
+        classes=classes,
+        by_class=by,
+        by_stage={"overload": by},
+    )
+
+
+def test_priority_high_p99_and_reject_rate_pass_when_protected() -> None:
+    sc = priority_result(high_ms=30, high_fail=0)
+    c = run("priority.high_p99_ms", sc, stage="overload", class_name="high")
+    passed(c)
+    assert "'high'" in c.detail
+    c = run("priority.high_reject_rate", sc, stage="overload")
+    passed(c)
+    assert c.value == 0.0 and "other classes 12.50%" in c.detail
+
+
+def test_priority_fails_when_priorities_are_ignored() -> None:
+    sc = priority_result(high_ms=300, high_fail=125)
+    failed(run("priority.high_p99_ms", sc, stage="overload"))
+    c = run("priority.high_reject_rate", sc, stage="overload")
+    failed(c)
+    assert c.value == pytest.approx(0.125)
+
+
+def test_priority_skips_without_a_high_class_or_samples() -> None:
+    sc = steady_result([5.0] * 100, classes={"default": {"priority": 0, "share": 1.0}})
+    skipped(run("priority.high_p99_ms", sc), "no high-priority class")
+    skipped(run("priority.high_reject_rate", sc), "no high-priority class")
+    small = priority_result(high_ms=30, high_fail=0)
+    small["by_stage"]["overload"]["high"]["counters"] = counters(50)
+    skipped(run("priority.high_reject_rate", small, stage="overload"), "insufficient")
+
+
+def test_priority_picks_the_smallest_positive_priority_when_no_class_is_named_high() -> None:
+    sc = priority_result(high_ms=30, high_fail=0)
+    sc["classes"] = {"gold": sc["classes"]["high"], "low": sc["classes"]["low"]}
+    sc["by_class"] = {"gold": sc["by_class"]["high"], "low": sc["by_class"]["low"]}
+    c = run("priority.high_p99_ms", sc)
+    assert "'gold'" in c.detail
+
+
+# --- spike ------------------------------------------------------------------------------------
+
+
+def spike_result(recover_at: float, end: float = 60.0, **kw: Any) -> dict[str, Any]:
+    rows = []
+    for t in range(int(end)):
+        if t < 20:
+            p = 10.0 + (t % 3)
+        elif t < recover_at:
+            p = 400.0
+        else:
+            p = 11.0
+        rows.append(row(t, p))
+    return result(
+        stages=[
+            stage("baseline", 0, 20, 50, warmup_s=5),
+            stage("spike", 20, 30, 200),
+            stage("recovery", 30, end, 50),
+        ],
+        windows={"width_s": 1.0, "rows": rows},
+        **kw,
+    )
+
+
+def test_spike_recovery() -> None:
+    c = run("spike.recovery_s", spike_result(33), baseline_stage="baseline", event_stage="spike")
+    passed(c)
+    assert c.value == pytest.approx(3.0, abs=1.01) and c.unit == "s"
+    c = run("spike.recovery_s", spike_result(50))  # stages found by default: first, highest rate
+    failed(c)
+    assert c.value == pytest.approx(20.0, abs=1.01)
+    c = run("spike.recovery_s", spike_result(99))
+    failed(c)
+    assert c.value is None and "never" in c.detail
+    skipped(run("spike.recovery_s", spike_result(33, end=30)), "no windows after")
+    skipped(run("spike.recovery_s", result(stages=[stage("only", 0, 10)])), "baseline stage")
+
+
+def test_spike_recovery_tolerates_one_noisy_window() -> None:
+    sc = spike_result(33)
+    sc["windows"]["rows"][36]["p99_ms"] = 500.0  # one GC pause after recovery
+    c = run("spike.recovery_s", sc)
+    passed(c)
+    assert c.value <= 4
+    # unsmoothed, the same blip resets the hold
+    assert run("spike.recovery_s", sc, smooth_windows=1).value > 4
+
+
+def test_spike_fail_fast() -> None:
+    err = hdr([2000] * 500)
+    c = run(
+        "spike.fail_fast",
+        result(counters=counters(5000, {"http_503": 480, "timeout": 20}), error_latency_hdr=err),
+    )
+    passed(c)
+    assert c.value == pytest.approx(0.96)
+    # an unbounded queue: timeouts and in-flight-cap drops instead of 503s
+    c = run(
+        "spike.fail_fast",
+        result(counters=counters(5000, {"timeout": 300}, dropped=200), error_latency_hdr=err),
+    )
+    failed(c)
+    assert c.value == 0.0
+    # 503s, but only after 5 s: not fast
+    slow_503 = hdr([5_000_000] * 500)
+    c = run(
+        "spike.fail_fast",
+        result(counters=counters(5000, {"http_503": 500}), error_latency_hdr=slow_503),
+    )
+    failed(c)
+    assert c.value == 1.0 and "> 1,000 ms" in c.detail
+    skipped(run("spike.fail_fast", result(counters=counters(5000, {"timeout": 2}))), "only 2")
+
+
+# --- contention -----------------------------------------------------------------------------
+
+
+def contention_result(hog_rps: int, after_p99: float = 11.0, **kw: Any) -> dict[str, Any]:
+    rows = []
+    for t in range(60):
+        if t < 20:
+            rows.append(row(t, 10.0, ok=100))
+        elif t < 40:
+            rows.append(row(t, 40.0, ok=hog_rps, http_503=100 - hog_rps))
+        else:
+            rows.append(row(t, after_p99, ok=100))
+    return result(
+        contention={
+            "blocks": [
+                {"kind": "baseline", "stage": "baseline_1", "start_s": 0, "end_s": 20},
+                {"kind": "hog", "stage": "hog_1", "start_s": 20, "end_s": 40},
+                {"kind": "after", "stage": "after", "start_s": 40, "end_s": 60},
+            ]
+        },
+        windows={"width_s": 1.0, "rows": rows},
+        error_latency_hdr=hdr([1500] * 100),
+        **kw,
+    )
+
+
+def test_contention_throughput_ratio() -> None:
+    c = run("contention.throughput_ratio", contention_result(hog_rps=80))
+    passed(c)
+    assert c.value == pytest.approx(0.8) and c.unit == "x"
+    c = run("contention.throughput_ratio", contention_result(hog_rps=20))
+    failed(c)
+    assert "collapses" in c.detail
+    skipped(run("contention.throughput_ratio", result()), "no baseline")
+    short = contention_result(hog_rps=80)
+    short["contention"]["blocks"][1]["end_s"] = 24  # 4 s hog block, 3 s discarded
+    skipped(run("contention.throughput_ratio", short), "insufficient")
+
+
+def test_contention_blocks_from_chaos_events_when_no_blocks_recorded() -> None:
+    sc = contention_result(hog_rps=80)
+    sc["contention"] = None
+    sc["chaos"] = [{"action": "cpu_hog", "start_s": 20.0, "end_s": 40.0, "ok": True}]
+    c = run("contention.throughput_ratio", sc)
+    passed(c)
+    assert c.value == pytest.approx(0.8)
+
+
+def test_contention_fail_fast_and_recovery() -> None:
+    c = run("contention.fail_fast", contention_result(hog_rps=80))
+    passed(c)
+    assert "during and after the CPU hogs" in c.detail and c.n == 400
+    sc = contention_result(hog_rps=80)
+    for r in sc["windows"]["rows"]:
+        if r["errors"]:
+            r["errors"] = {"timeout": r["errors"]["http_503"]}
+    failed(run("contention.fail_fast", sc))
+    passed(run("contention.recovery_s", contention_result(hog_rps=80)))
+    c = run("contention.recovery_s", contention_result(hog_rps=80, after_p99=200.0))
+    failed(c)
+    assert c.value is None
+
+
+# --- soak ------------------------------------------------------------------------------------
+
+
+def soak_result(
+    rss_mib_per_min: float = 0.0,
+    threads_per_min: float = 0.0,
+    seconds: int = 120,
+    seed: int = 0,
+    with_fds: bool = True,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, seconds, 1.0)
+    noise = np.zeros(seconds)
+    for i in range(1, seconds):
+        noise[i] = 0.7 * noise[i - 1] + rng.normal(0, 0.3)
+    rss = (80 + rss_mib_per_min * t / 60 + noise) * MIB
+    threads = np.floor(12 + threads_per_min * t / 60)
+    series = {"t": t.tolist(), "rss_bytes": rss.tolist(), "threads": threads.tolist()}
+    if with_fds:
+        series["fds"] = [20.0] * seconds
+    return result(
+        duration_s=float(seconds),
+        counters=counters(6000),
+        server={"pid": 1, "interval_s": 1.0, "ticks": seconds, "missed_ticks": 0, "series": series},
+    )
+
+
+def test_rss_trend_leak_fails_and_plateau_passes() -> None:
+    c = run("soak.rss_trend", soak_result(rss_mib_per_min=4.0))
+    failed(c)
+    assert c.unit == "MiB/min" and c.value == pytest.approx(4.0, rel=0.25)
+    assert "leak" in c.detail and "p=" in c.detail and "per request" in c.detail
+    c = run("soak.rss_trend", soak_result(rss_mib_per_min=0.0))
+    passed(c)
+    assert abs(c.value) < 1.0
+
+
+def test_rss_trend_skips_without_a_pid_or_enough_samples() -> None:
+    skipped(run("soak.rss_trend", result()), "no pid")
+    skipped(run("soak.rss_trend", soak_result(seconds=8)), "insufficient")
+    # buckets chosen by the scenario: 60 s medians on a 2-minute soak are too few
+    skipped(run("soak.rss_trend", soak_result(4.0), bucket_s=60), "insufficient")
+
+
+def test_rss_trend_inconclusive_is_not_a_pass() -> None:
+    rng = np.random.default_rng(1)
+    sc = soak_result()
+    t = np.asarray(sc["server"]["series"]["t"])
+    sc["server"]["series"]["rss_bytes"] = (
+        (100 + 1.2 * t / 60 + rng.normal(0, 1, 120)) * MIB
+    ).tolist()
+    c = run("soak.rss_trend", sc)
+    skipped(c, "not conclusively", "--duration")
+    assert c.value > 1.0
+    failed(run("soak.rss_trend", sc, inconclusive_fails=True))
+
+
+def test_threads_and_fds_trends() -> None:
+    c = run("soak.threads_trend", soak_result(threads_per_min=6.0))
+    failed(c)
+    assert c.unit == "threads/min"
+    passed(run("soak.threads_trend", soak_result()))
+    passed(run("soak.fds_trend", soak_result()))
+    skipped(run("soak.fds_trend", soak_result(with_fds=False)), "'fds'")
+
+
+def test_latency_drift() -> None:
+    flat = result(windows={"width_s": 1.0, "rows": [row(t, 20.0 + t % 4) for t in range(120)]})
+    c = run("soak.latency_drift", flat)
+    passed(c)
+    assert c.value == pytest.approx(1.0, abs=0.15)
+    drift = result(windows={"width_s": 1.0, "rows": [row(t, 20.0 + 2 * t) for t in range(120)]})
+    c = run("soak.latency_drift", drift)
+    failed(c)
+    assert c.value > 2
+    skipped(run("soak.latency_drift", result()), "no windowed")
+    short = result(windows={"width_s": 1.0, "rows": [row(t, 20.0) for t in range(6)]})
+    skipped(run("soak.latency_drift", short), "insufficient")
+
+
+# --- integrity, linearity, accounting ----------------------------------------------------------
+
+
+def test_integrity_mismatches() -> None:
+    clean = {"checked": 3000, "ok": 3000, "drift": 0, "cross_wired": 0, "id_mismatch": 0}
+    c = run("integrity.mismatches", result(integrity=clean))
+    passed(c)
+    assert c.value == 0 and c.n == 3000 and "0.100%" in c.detail
+    # cross-wired in a few % of batches: one is enough to fail
+    bad = {
+        **clean,
+        "cross_wired": 2,
+        "examples": [
+            {"kind": "cross_wired", "sent_input": 3, "matched_input": 7, "request_id": "r9"}
+        ],
+    }
+    c = run("integrity.mismatches", result(integrity=bad))
+    failed(c)
+    assert c.value == 2 and "sent input 3 got the output of 7" in c.detail
+    # fails even with few checked responses
+    failed(run("integrity.mismatches", result(integrity={**bad, "checked": 50})))
+    skipped(run("integrity.mismatches", result(integrity={**clean, "checked": 50})), "insufficient")
+    skipped(run("integrity.mismatches", result()), "no response integrity")
+    drift = {**clean, "drift": 4}
+    passed(run("integrity.mismatches", result(integrity=drift)))
+    failed(run("integrity.mismatches", result(integrity=drift), count_drift=True))
+
+
+def lin(points: dict[int, list[float]], cores: int | None = 2) -> dict[str, Any]:
+    return result(
+        linearity={
+            "points": [{"n": n, "throughput_rps": xs} for n, xs in points.items()],
+            "cores_available": cores,
+        }
+    )
+
+
+def test_linearity_efficiency() -> None:
+    good = lin({1: [50, 52, 51], 2: [98, 96, 99], 4: [120, 118, 121]})
+    c = run("linearity.efficiency", good)
+    passed(c)
+    assert c.value == pytest.approx(98 / 102, abs=1e-3) and "USL" in c.detail
+    # N = 4 is beyond the 2 cores: not judged, even though E(4) < 0.75
+    assert "E(4)=0.59" in c.detail
+    gil = lin({1: [50, 52, 51], 2: [55, 54, 56]})
+    c = run("linearity.efficiency", gil)
+    failed(c)
+    assert c.value == pytest.approx(55 / 102, abs=1e-3) and "serialized" in c.detail
+    skipped(run("linearity.efficiency", result()), "no concurrency sweep")
+    skipped(run("linearity.efficiency", lin({1: [50.0], 2: [98.0]}, cores=1)), "max_n")
+    passed(run("linearity.efficiency", lin({1: [50.0], 2: [98.0]}, cores=1), max_n=2))
+    skipped(run("linearity.efficiency", lin({2: [98.0]})), "N = 1")
+    skipped(
+        run("linearity.efficiency", lin({1: [50.0], 2: [98.0]}), min_replicates=3), "insufficient"
+    )
+
+
+def test_accounting_balanced() -> None:
+    sc = result(counters=counters(100, {"http_503": 3}, dropped=2, in_flight=1))
+    c = run("accounting.balanced", sc)
+    passed(c)
+    assert (c.value, c.op, c.n) == (0, "==", 106)
+    sc["counters"]["ok"] = 98
+    c = run("accounting.balanced", sc)
+    failed(c)
+    assert c.value == 2 and "off by +2" in c.detail
+    sc = result(counters=counters(10))
+    sc["by_class"] = {"high": {"counters": {**counters(5), "scheduled": 6}}}
+    failed(run("accounting.balanced", sc))
+    skipped(run("accounting.balanced", result(counters=None)), "no request counters")
+
+
+def test_non_finite_values_serialise_as_null() -> None:
+    c = Check("x", False, math.inf, 1.0, "<=", "s", 1, "d")
+    assert c.to_dict()["value"] is None

@@ -1,0 +1,275 @@
+"""evaluate / verdict / validity, parameter layering and the checklist TOML."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.checks import (
+    CHECK_IDS,
+    REGISTRY,
+    Check,
+    evaluate,
+    load_checklist,
+    resolve_params,
+    validity,
+    verdict,
+)
+from harness.errors import ConfigError, ResultFormatError
+from tests.test_checks import counters, hdr, result, stage, steady_result
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DESIGN_IDS = {
+    "cold_start.time_to_ready_s",
+    "cold_start.first_p99_ratio",
+    "steady.p99_ms",
+    "steady.error_rate",
+    "steady.throughput",
+    "spike.recovery_s",
+    "spike.fail_fast",
+    "priority.high_p99_ms",
+    "priority.high_reject_rate",
+    "soak.rss_trend",
+    "soak.threads_trend",
+    "soak.fds_trend",
+    "soak.latency_drift",
+    "linearity.efficiency",
+    "integrity.mismatches",
+    "contention.throughput_ratio",
+    "contention.fail_fast",
+    "contention.recovery_s",
+    "accounting.balanced",
+}
+
+
+def test_every_design_check_id_is_registered() -> None:
+    assert set(CHECK_IDS) == DESIGN_IDS
+    for spec in REGISTRY.values():
+        assert "threshold" in spec.defaults, spec.id
+        assert spec.op in ("<=", ">=", "==") and spec.unit and spec.summary
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("harness.load.scenario") is None,
+    reason="harness.load.scenario (CHECK_IDS of the scenario format) does not exist yet",
+)
+def test_registry_matches_the_scenario_formats_check_ids() -> None:
+    from harness.load.scenario import CHECK_IDS as SCENARIO_IDS
+
+    assert set(SCENARIO_IDS) == set(CHECK_IDS)
+
+
+def test_defaults_are_documented_with_their_values() -> None:
+    doc = (ROOT / "docs" / "checks.md").read_text(encoding="utf-8")
+    for cid, spec in REGISTRY.items():
+        assert f"### `{cid}`" in doc, f"docs/checks.md has no section for {cid}"
+        section = doc.split(f"### `{cid}`", 1)[1].split("\n### ", 1)[0]
+        for key, value in spec.defaults.items():
+            shown = str(value).lower() if isinstance(value, bool) else f"{value!r}".strip("'")
+            want = re.escape(shown) if shown else '""'
+            pattern = rf"`{re.escape(key)}`\s*\|\s*`{want}`\s*\|"
+            assert re.search(pattern, section), f"{cid}: default {key} = {shown!r} undocumented"
+
+
+# --- evaluate ---------------------------------------------------------------------------------
+
+
+def good_steady(**overrides: Any) -> dict[str, Any]:
+    sc = steady_result([5.0] * 3960)
+    sc["check_config"] = {
+        "steady.p99_ms": {"stage": "steady"},
+        "steady.error_rate": {},
+        "steady.throughput": {"stage": "steady"},
+    }
+    sc.update(overrides)
+    return sc
+
+
+def test_evaluate_runs_listed_checks_plus_accounting() -> None:
+    checks = evaluate(good_steady())
+    assert [c.id for c in checks] == [
+        "steady.p99_ms",
+        "steady.error_rate",
+        "steady.throughput",
+        "accounting.balanced",
+    ]
+    assert all(c.passed for c in checks)
+    assert verdict(checks, validity(good_steady())) == "pass"
+
+
+def test_layers_defaults_then_scenario_then_checklist() -> None:
+    sc = good_steady()
+    sc["check_config"]["steady.p99_ms"] = {"stage": "steady", "threshold": 4}
+    assert evaluate(sc)[0].threshold == 4 and evaluate(sc)[0].passed is False
+    checks = evaluate(sc, {"steady.p99_ms": {"threshold": 50}})
+    assert checks[0].threshold == 50 and checks[0].passed is True
+    # a checklist entry for a check the scenario does not list adds nothing
+    assert len(evaluate(sc, {"soak.rss_trend": {"threshold": 2}})) == 4
+    p = resolve_params("steady.p99_ms", {"threshold": 4}, {"confidence": 0.95})
+    assert p["threshold"] == 4 and p["confidence"] == 0.95 and p["enabled"] is True
+
+
+def test_disabled_check_is_skipped_not_passed() -> None:
+    checks = evaluate(good_steady(), {"steady.p99_ms": {"enabled": False}})
+    assert checks[0].passed is None and "disabled" in checks[0].skipped
+
+
+def test_unknown_ids_and_params_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"unknown check id 'steady\.p98'.*Valid ids"):
+        evaluate(good_steady(check_config={"steady.p98": {}}))
+    with pytest.raises(
+        ConfigError, match=r"no parameter 'treshold'.*Valid parameters: .*threshold"
+    ):
+        evaluate(good_steady(), {"steady.p99_ms": {"treshold": 1}})
+    with pytest.raises(ConfigError, match=r"'threshold' has value 'fast'. Not a valid number"):
+        resolve_params("steady.p99_ms", {"threshold": "fast"})
+    with pytest.raises(ConfigError, match="Not a valid boolean"):
+        resolve_params("soak.rss_trend", {"inconclusive_fails": 1})
+
+
+def test_malformed_result_is_a_result_format_error() -> None:
+    sc = good_steady()
+    sc["stages"] = [{"name": "steady", "rate_rps": 100}]  # no start_s / end_s
+    with pytest.raises(ResultFormatError, match=r"check 'steady.throughput' cannot read"):
+        evaluate(sc)
+
+
+# --- verdict and validity -------------------------------------------------------------------
+
+
+def mk(passed: bool | None) -> Check:
+    return Check("x", passed, 1, 1, "<=", "s", 1, "d", None if passed is not None else "why")
+
+
+def test_verdict() -> None:
+    assert verdict([mk(True), mk(None)]) == "pass"
+    assert verdict([mk(True), mk(False), mk(None)]) == "fail"
+    assert verdict([mk(True)], ["generator saturated"]) == "invalid"
+    assert verdict([mk(False)], ["generator saturated"]) == "invalid"
+
+
+def test_validity_flags_a_saturated_generator() -> None:
+    t = [float(i) for i in range(40)]
+    cpu = [40.0] * 20 + [97.0] * 10 + [40.0] * 10
+    sc = good_steady(system={"series": {"t": t, "cpu_pct": cpu, "loadgen_cpu_pct": cpu}})
+    reasons = validity(sc)
+    assert len(reasons) == 1 and "load generator CPU" in reasons[0]
+    assert verdict(evaluate(sc), reasons) == "invalid"
+    blip = [40.0] * 40
+    blip[5] = 99.0
+    assert validity(good_steady(system={"series": {"t": t, "loadgen_cpu_pct": blip}})) == []
+    assert validity(sc, {"validity": {"loadgen_sustain_s": 20}}) == []
+
+
+def test_validity_dispatch_lag_is_relative_to_the_scenarios_slo() -> None:
+    lag = hdr([1000] * 980 + [15_000] * 20)  # p99 15 ms
+    sc = good_steady(dispatch_lag_hdr=lag)
+    assert validity(sc) == []  # default SLO 200 ms → 20 ms allowed
+    sc["check_config"]["steady.p99_ms"]["threshold"] = 100  # → 10 ms allowed
+    (reason,) = validity(sc)
+    assert "dispatch lag p99 15.0 ms > 10.0 ms" in reason
+    # the checklist's SLO counts too
+    assert validity(good_steady(dispatch_lag_hdr=lag), {"steady.p99_ms": {"threshold": 100}})
+
+
+def test_validity_sampler_gaps_and_accounting() -> None:
+    server = {"pid": 1, "interval_s": 1.0, "ticks": 50, "missed_ticks": 10, "series": {"t": []}}
+    (reason,) = validity(good_steady(server=server))
+    assert "missed 10 of 60 ticks" in reason
+    sc = good_steady()
+    sc["counters"] = {**counters(3960), "scheduled": 4000}
+    (reason,) = validity(sc)
+    assert "does not balance" in reason and "off by +40" in reason
+    checks = evaluate(sc)
+    assert checks[-1].id == "accounting.balanced" and checks[-1].passed is False
+    assert verdict(checks, validity(sc)) == "invalid"
+
+
+# --- checklist TOML ---------------------------------------------------------------------------
+
+
+def test_load_checklist_both_layouts(tmp_path: Path) -> None:
+    a = tmp_path / "a.toml"
+    a.write_text('["steady.p99_ms"]\nthreshold = 80\n\n["soak.rss_trend"]\nbucket_s = 60\n')
+    assert load_checklist(a) == {
+        "steady.p99_ms": {"threshold": 80},
+        "soak.rss_trend": {"bucket_s": 60},
+    }
+    b = tmp_path / "b.toml"
+    b.write_text(
+        '[checks."spike.recovery_s"]\nthreshold = 5\n[checks.validity]\nloadgen_max_pct = 80\n'
+    )
+    over = load_checklist(b)
+    assert over["spike.recovery_s"] == {"threshold": 5}
+    t = [float(i) for i in range(40)]
+    cpu = [85.0] * 40
+    sc = good_steady(system={"series": {"t": t, "loadgen_cpu_pct": cpu}})
+    assert validity(sc) == [] and len(validity(sc, over)) == 1
+
+
+def test_load_checklist_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_checklist(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[steady.p99_ms\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_checklist(bad)
+    unknown = tmp_path / "u.toml"
+    unknown.write_text('["steady.p95_ms"]\nthreshold = 1\n')
+    with pytest.raises(ConfigError, match=r"unknown check id 'steady.p95_ms'"):
+        load_checklist(unknown)
+    param = tmp_path / "p.toml"
+    param.write_text('["spike.recovery_s"]\nhold = 3\n')
+    with pytest.raises(ConfigError, match=r"no parameter 'hold'.*hold_s"):
+        load_checklist(param)
+    val = tmp_path / "v.toml"
+    val.write_text("[validity]\nloadgen_pct = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown parameter.*loadgen_max_pct"):
+        load_checklist(val)
+
+
+def test_evaluate_on_a_quick_spike_shaped_result() -> None:
+    """One spike result as the plugin writes it (stage warm-up, late rows, dropped)."""
+    rows = []
+    for t in range(60):
+        p = 12.0 if t < 20 or t >= 33 else 350.0
+        errs = {"http_503": 40} if 20 <= t < 30 else {}
+        for cls in ("default", "high"):
+            rows.append(
+                {
+                    "t": float(t),
+                    "class": cls,
+                    "scheduled": 60,
+                    "n": 50,
+                    "ok": 50 - (errs.get("http_503", 0) // 2),
+                    "errors": {k: v // 2 for k, v in errs.items()},
+                    "p50_ms": p / 3,
+                    "p99_ms": p,
+                }
+            )
+    rows.append({**rows[70], "late": True, "p99_ms": 13.0})  # a late row for t = 35
+    c = counters(5000, {"http_503": 400, "timeout": 4}, dropped=0)
+    sc = result(
+        stages=[
+            stage("baseline", 0, 20, 50, warmup_s=5),
+            stage("spike", 20, 30, 200),
+            stage("recovery", 30, 60, 50),
+        ],
+        counters=c,
+        windows={"width_s": 1.0, "rows": rows},
+        error_latency_hdr=hdr([3000] * 404),
+        check_config={
+            "spike.recovery_s": {"baseline_stage": "baseline", "event_stage": "spike"},
+            "spike.fail_fast": {},
+            "accounting.balanced": {},
+        },
+    )
+    checks = evaluate(sc)
+    assert [x.id for x in checks] == ["spike.recovery_s", "spike.fail_fast", "accounting.balanced"]
+    assert all(x.passed for x in checks), [x.detail for x in checks]
+    assert checks[0].value == pytest.approx(3.0, abs=1.01)
