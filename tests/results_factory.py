@@ -69,6 +69,17 @@ def hdr(latencies_us: Iterable[float]) -> str:
     return h.encode().decode("ascii")
 
 
+def scaled_hdr(encoded: str, factor: float) -> str:
+    """The same histogram with every latency multiplied by ``factor`` (a slower release)."""
+    src = HdrHistogram.decode(encoded.encode("ascii"))
+    out = new_hdr()
+    for item in src.get_recorded_iterator():
+        out.record_value(
+            max(1, int(item.value_iterated_to * factor)), item.count_added_in_this_iter_step
+        )
+    return out.encode().decode("ascii")
+
+
 def counters(
     ok: int, failed: dict[str, int] | None = None, dropped: int = 0, in_flight: int = 0
 ) -> dict[str, Any]:

@@ -6,12 +6,15 @@ machine that never ran the test).
 
 from __future__ import annotations
 
+import binascii
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from hdrh.codec import HdrCookieException, HdrHistogramSettingsException, HdrLengthException
 from hdrh.histogram import HdrHistogram
 
 from harness.analysis.trend import TrendParams, leak_test
@@ -140,6 +143,19 @@ def describe_measure(check: Mapping[str, Any]) -> str:
     return f"measured {fmt_value(check)}, threshold {fmt_threshold(check)}"
 
 
+# What HdrHistogram.decode raises on a damaged string (base64, zlib, its own header checks).
+_HDR_ERRORS = (
+    ValueError,
+    TypeError,
+    IndexError,
+    binascii.Error,
+    zlib.error,
+    HdrCookieException,
+    HdrLengthException,
+    HdrHistogramSettingsException,
+)
+
+
 def decode_hdr(encoded: Any) -> HdrHistogram | None:
     """Decode a stored HDR string; None when absent or unreadable (the plot/table is omitted)."""
     if not encoded:
@@ -148,7 +164,7 @@ def decode_hdr(encoded: Any) -> HdrHistogram | None:
         return HdrHistogram.decode(
             encoded if isinstance(encoded, bytes) else str(encoded).encode("ascii")
         )
-    except (ValueError, TypeError, UnicodeEncodeError, IndexError):
+    except _HDR_ERRORS:
         return None
 
 

@@ -325,7 +325,10 @@ def _check_deltas(
         else:
             status, note = judge(bv, nv, better, margin, _f(nc.get("threshold")))
             if "skipped" in (bs, ns):
-                note = f"{note}; skipped in {'base' if bs == 'skipped' else 'new'}".lstrip("; ")
+                where = "both runs" if bs == ns else "base" if bs == "skipped" else "new"
+                note = (
+                    f"skipped in {where}" if status == NOT_JUDGED else f"{note}; skipped in {where}"
+                )
         out.append(
             MetricDelta(name, f"check {cid}", bv, nv, nc.get("unit") or "", better, status, note)
         )

@@ -91,7 +91,9 @@ def _shade_chaos(ax: Any, sc: Mapping[str, Any]) -> None:
 
 def latency(sc: Mapping[str, Any]) -> Figure | Missing:
     rows, _ = _rows(sc)
-    classes = sorted({str(r.get("class")) for r in rows if r.get("p99_ms") is not None})
+    classes = sorted(
+        {str(r.get("class")) for r in rows if isinstance(r.get("p99_ms"), int | float)}
+    )
     if not classes:
         return Missing("no latency windows (windows.rows) with percentiles were recorded")
     fig, (ax,) = _figure()
