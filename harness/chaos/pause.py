@@ -5,10 +5,27 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from typing import Any
 
 from harness.chaos.base import Action, ChaosTarget
 from harness.errors import ConfigError
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return chr(data[data.rindex(b")") + 2])
+
+
+def _wait_until_stopped(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while _state(pid) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 class Pause(Action):
@@ -37,6 +54,9 @@ class Pause(Action):
                     os.kill(pid, signal.SIGSTOP)
                     self.stopped.append(pid)
         self.detail["pids"] = list(self.stopped)
+        # SIGSTOP lands asynchronously (a process running on another core must be
+        # interrupted): wait until the kernel says "stopped", so the pause starts now.
+        _wait_until_stopped(self.stopped, timeout_s=1.0)
 
     def _revert(self) -> None:
         with self._lock:

@@ -80,6 +80,13 @@ class Timeline:
                     f"chaos[{i}].action has value {name!r}. Valid: {', '.join(actions)}"
                 )
         self.target = target
+        # Build every action now so a bad parameter is a ConfigError before the run starts.
+        self._planned: list[Action] = []
+        for i, (_, name, params) in enumerate(self.events):
+            try:
+                self._planned.append(actions[name](target, dict(params)))
+            except ConfigError as e:
+                raise ConfigError(f"chaos[{i}] ({name}): {e}") from None
         self.clock = clock
         self.wait = wait
         self.actions = actions
@@ -89,6 +96,9 @@ class Timeline:
         self.records: list[dict[str, Any]] = []
         self.t0: float | None = None
         self._lock = threading.RLock()
+        # Held for a whole revert, so a signal handler's revert_all() waits for a revert the
+        # runner thread is doing instead of returning (and letting the process exit) early.
+        self._revert_lock = threading.RLock()
         self._active: dict[int, Action] = {}  # record index → applied, not yet reverted
         self._thread: threading.Thread | None = None
         self._prev_handlers: dict[int, Any] = {}
@@ -194,14 +204,8 @@ class Timeline:
             "error": None,
             "detail": {},
         }
-        try:
-            action = self.actions[name](self.target, dict(params))
-            rec["params"] = action.params
-        except Exception as e:  # a bad event is recorded, the rest of the timeline runs
-            rec.update(ok=False, error=f"{type(e).__name__}: {e}", end_s=rec["start_s"])
-            with self._lock:
-                self.records.append(rec)
-            return None, None
+        action = self._planned[event_idx]
+        rec["params"] = action.params
         with self._lock:
             if self.stop_event.is_set():
                 return None, None
@@ -219,6 +223,10 @@ class Timeline:
         return idx, action.duration_s
 
     def _revert(self, rec_idx: int, reason: str | None = None) -> None:
+        with self._revert_lock:
+            self._revert_locked(rec_idx, reason)
+
+    def _revert_locked(self, rec_idx: int, reason: str | None) -> None:
         with self._lock:
             action = self._active.pop(rec_idx, None)
         if action is None:
@@ -235,7 +243,8 @@ class Timeline:
 
     def revert_all(self, reason: str | None = None) -> None:
         """Undo every applied action now (idempotent; safe from handlers and atexit)."""
-        with self._lock:
-            pending = sorted(self._active, reverse=True)
-        for idx in pending:
-            self._revert(idx, reason)
+        with self._revert_lock:
+            with self._lock:
+                pending = sorted(self._active, reverse=True)
+            for idx in pending:
+                self._revert_locked(idx, reason)
