@@ -77,6 +77,7 @@ class HarnessState:
         self.scenario: Scenario = self._load_scenario()
         self.engine: Engine | None = None
         self.engine_ready = gevent.event.Event()
+        self._final_sent = False
         self._reset_run()
         self.sut_handle: Any = None
 
@@ -395,6 +396,7 @@ class HarnessState:
             self.opts = Options(**opts)
             self.scenario = self._load_scenario()
         plan = Plan.from_wire(wire)
+        self._final_sent = False
         self.engine = Engine(
             self.scenario,
             plan,
@@ -410,6 +412,13 @@ class HarnessState:
         if e is None or e.recording.closed:
             return None
         return e.recording.drain(e.now())
+
+    def send_final(self) -> None:
+        """Worker: stop scheduling, wait for requests out, send the final delta."""
+        if self._final_sent:
+            return
+        self._final_sent = True
+        self.env.runner.send_message("harness_final", self.final_delta())
 
     def final_delta(self) -> dict[str, Any] | None:
         e = self.engine
@@ -444,6 +453,11 @@ class HarnessState:
         if self.finalized or not self.prepared:
             return
         if self.is_master:
+            # In headless mode Locust's master quits without sending "stop" to the
+            # workers, so ask them for their final reports explicitly.
+            for cid in set(self.plan_clients) - self.finals:
+                with contextlib.suppress(Exception):
+                    self.env.runner.send_message("harness_finish", None, client_id=cid)
             self.finals_event.wait(self.scenario.load.request_timeout_s + 15.0)
             missing = set(self.plan_clients) - self.finals
             if missing:

@@ -15,6 +15,7 @@ import logging
 import sys
 from typing import Any
 
+import gevent
 from locust import events
 
 from harness import sut
@@ -224,6 +225,8 @@ def register(environment: Any) -> HarnessState | None:
 
     if isinstance(runner, WorkerRunner):
         runner.register_message("harness_plan", lambda msg, **_: state.on_plan(msg.data))
+        # answering waits for requests still out: not on the message-receiving greenlet
+        runner.register_message("harness_finish", lambda msg, **_: gevent.spawn(state.send_final))
     elif isinstance(runner, MasterRunner):
         runner.register_message(
             "harness_final", lambda msg, **_: state.on_final(msg.node_id, msg.data)
@@ -260,8 +263,7 @@ def _on_test_stop(environment: Any, **_: Any) -> None:
     if state is None:
         return
     if state.is_worker:
-        delta = state.final_delta()
-        environment.runner.send_message("harness_final", delta)
+        state.send_final()
         return
     state.finalize()
 

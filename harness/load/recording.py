@@ -154,6 +154,7 @@ class Recording:
         self.rows: list[dict[str, Any]] = []
         self._watermarks: dict[str, int] = {}
         self._summarised_through = 0
+        self.by_source: Counter[str] = Counter()  # master: requests scheduled per worker
         self.closed = False
 
     # -- recording (worker side) ------------------------------------------------------
@@ -294,6 +295,7 @@ class Recording:
         """Add a worker's ``drain()`` delta; summarise windows every source has completed."""
         for c, data in (delta.get("classes") or {}).items():
             self.classes.setdefault(c, Cell()).add(data)
+            self.by_source[source] += int((data.get("c") or {}).get("scheduled", 0))
         for s, d in (delta.get("stages") or {}).items():
             st = self.stages.setdefault(s, {})
             for c, data in d.items():

@@ -132,6 +132,7 @@ def scenario_result(
             "max_in_flight": scenario.load.max_in_flight,
             "seed": scenario.load.seed,
             "workers": workers,
+            "scheduled_by_worker": dict(sorted(rec.by_source.items())),
         },
         "stages": stages_view(scenario, capacity_rps),
         "classes": classes_view(scenario),

@@ -126,6 +126,7 @@ class Engine:
         )
         self._pending: float | None = None
         self.finished = gevent.event.Event()
+        self.stopping = False  # set when the master asks for the final report
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ class Engine:
         pool = self.pool
         rec = self.recording
         while True:
-            t = self._next_arrival()
+            t = None if self.stopping else self._next_arrival()
             if t is None:
                 self.finished.set()
                 return
@@ -165,6 +166,9 @@ class Engine:
                 # The user was stopped while waiting: hand the arrival to its successor.
                 self._pending = t
                 raise
+            if self.stopping:
+                self._pending = t
+                continue
             stage = self.stage_at(t).name
             cls = self._class_names[self._pick_class()]
             rec.scheduled(cls, stage, t)
@@ -196,7 +200,7 @@ class Engine:
         """One closed-loop request if a closed stage is running; False otherwise."""
         t = self.now()
         stage = self.scenario.stage_at(t)
-        if stage is None or stage.kind != "closed":
+        if stage is None or stage.kind != "closed" or self.stopping:
             return False
         seq = next(self._seq)
         index = seq % len(self.payloads)
@@ -289,7 +293,9 @@ class Engine:
     # -- the end ---------------------------------------------------------------------
 
     def wait_in_flight(self, grace_s: float) -> int:
-        """Let sent requests finish (at most ``grace_s``); return how many are still out."""
+        """Stop scheduling, let sent requests finish (at most ``grace_s``); return how
+        many are still out."""
+        self.stopping = True
         self.pool.join(timeout=grace_s)
         return len(self.pool)
 

@@ -1,0 +1,79 @@
+"""A master and two workers on loopback: the master merges both workers' recordings."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.locust_helpers import REPO, SCENARIOS, balanced, hist, locust_cmd, scenario_result, stop
+from tests.server_fixtures import free_port, start_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_master_merges_two_workers(tmp_path) -> None:
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    with start_server("--model", "sim", "--sim-base-ms", "2", "--sim-item-ms", "0.1") as srv:
+        try:
+            master = subprocess.Popen(
+                locust_cmd(
+                    "--master",
+                    "--headless",
+                    "--only-summary",
+                    "--expect-workers",
+                    "2",
+                    "--master-bind-host",
+                    "127.0.0.1",
+                    "--master-bind-port",
+                    str(port),
+                    "--host",
+                    srv.url,
+                    "--scenario",
+                    str(SCENARIOS / "short_constant.toml"),
+                    "--out",
+                    str(tmp_path),
+                    "--no-sample",
+                ),
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            procs.append(master)
+            for _ in range(2):
+                # workers get the harness options from the master with the plan
+                procs.append(
+                    subprocess.Popen(
+                        locust_cmd(
+                            "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)
+                        ),
+                        cwd=REPO,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+            out, _ = master.communicate(timeout=120)
+            for w in procs[1:]:
+                w.wait(30)
+        finally:
+            for p in reversed(procs):
+                stop(p)
+    assert master.returncode == 0, out[-3000:]
+    sc = scenario_result(tmp_path)
+    c = sc["counters"]
+    assert sc["load"]["workers"] == 2
+    per_worker = sc["load"]["scheduled_by_worker"]
+    assert len(per_worker) == 2
+    # the constant schedule is dealt round-robin: the workers' shares differ by ≤ 1 per stage
+    a, b = per_worker.values()
+    assert abs(a - b) <= 2 and a + b == 540
+    assert c["scheduled"] == 540 and balanced(c) and c["in_flight"] == 0
+    assert c["ok"] == 540
+    # merged histograms hold both workers' answers; windows summarised across both
+    assert hist(sc["latency_hdr"]).get_total_count() == 540
+    assert sum(hist(v["latency_hdr"]).get_total_count() for v in sc["by_class"].values()) == 540
+    assert sum(r["ok"] for r in sc["windows"]["rows"]) == 540
+    assert sc["integrity"]["checked"] == 540 and sc["integrity"]["cross_wired"] == 0
+    assert not sc["partial"]
