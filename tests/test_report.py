@@ -229,6 +229,8 @@ def test_html_shows_hdr_percentiles_and_accounting(rendered):
     assert "Latency by class (HDR, ok responses)" in text
     assert "Request accounting" in text and "failed: http_503" in text
     assert "cpu_hog" in text  # chaos timeline listed
+    assert "dispatch lag p50 / p99" in text and "failed-request latency p50 / p99" in text
+    assert "cross_wired 0, drift 0, id_mismatch 0" in text
 
 
 def test_html_escapes_everything_from_the_document():

@@ -132,6 +132,40 @@ def _counters_table(sc: Mapping[str, Any]) -> str:
     return f"<h3>Request accounting</h3><table><tr>{head}</tr><tr>{body}</tr></table>"
 
 
+def _other_measures(sc: Mapping[str, Any]) -> str:
+    """Cold start, dispatch lag and fail-fast figures, when the scenario recorded them."""
+    cells: list[tuple[str, str]] = []
+    if isinstance(sc.get("time_to_ready_s"), int | float):
+        cells.append(("time to ready", f"{fmt_num(sc['time_to_ready_s'])} s"))
+    first = hdr_summary((sc.get("first_requests") or {}).get("latency_hdr"))
+    if first:
+        cells.append(
+            (f"first {first['n']:,} requests p99", f"{fmt_num(round(first['p99_ms'], 3))} ms")
+        )
+    for key, label in (
+        ("dispatch_lag_hdr", "dispatch lag"),
+        ("error_latency_hdr", "failed-request latency"),
+    ):
+        s = hdr_summary(sc.get(key))
+        if s:
+            cells.append(
+                (
+                    f"{label} p50 / p99",
+                    f"{fmt_num(round(s['p50_ms'], 3))} / {fmt_num(round(s['p99_ms'], 3))} ms (n={s['n']:,})",
+                )
+            )
+    integ = sc.get("integrity") or {}
+    if integ.get("checked"):
+        bad = ", ".join(f"{k} {integ.get(k, 0):,}" for k in ("cross_wired", "drift", "id_mismatch"))
+        cells.append(("integrity", f"{integ['checked']:,} checked: {bad}"))
+    if sc.get("sut"):
+        cells.append(("server (this scenario)", _plain(sc["sut"])))
+    if not cells:
+        return ""
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in cells)
+    return f"<h3>Other measurements</h3><table>{rows}</table>"
+
+
 def _chaos_list(sc: Mapping[str, Any]) -> str:
     events = sc.get("chaos") or []
     if not events:
@@ -189,6 +223,7 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
     parts += [
         _counters_table(sc),
         _latency_table(sc),
+        _other_measures(sc),
         _chaos_list(sc),
         _plots(sc, slug),
         "</section>",
