@@ -311,3 +311,33 @@ def test_render_dir_refuses_an_unknown_version(tmp_path):
     with pytest.raises(ResultFormatError, match=r"harness\.results/7"):
         render_dir(tmp_path)
     assert not (tmp_path / "report.html").exists()
+
+
+def test_a_dead_server_is_shown_with_its_cause_and_output(tmp_path):
+    doc = new_document(machine=MACHINE)
+    doc["partial"] = True
+    doc["scenarios"].append(
+        scenario(
+            "soak",
+            12.3,
+            partial=True,
+            error={"type": "TargetUnavailable", "message": "connection refused"},
+            sut_exit={
+                "t_s": 12.3,
+                "exit_code": -9,
+                "cause": "the server under test exited (code -9) during the run",
+                "log_tail": ["MemoryError <boom>"],
+            },
+            checks=[
+                check("soak.rss_trend", False, None, 1.0, "<=", "MiB/min", None, "server died")
+            ],
+            verdict="fail",
+        )
+    )
+    paths = render_all(doc, tmp_path)
+    md = paths["summary"].read_text()
+    assert "> ❌ the server under test exited (code -9) during the run at t=12.3 s" in md
+    assert "> ❌ harness error TargetUnavailable: connection refused" in md
+    html = paths["html"].read_text()
+    assert "<pre>MemoryError &lt;boom&gt;</pre>" in html
+    assert not _parse(html).errors

@@ -233,3 +233,15 @@ def numeric_series(values: Iterable[Any], t: Iterable[Any]) -> tuple[np.ndarray,
         return np.empty(0), np.empty(0)
     arr = np.asarray(pairs)
     return arr[:, 0], arr[:, 1]
+
+
+def run_problems(sc: Mapping[str, Any]) -> list[str]:
+    """Why a scenario stopped early: the harness error and/or the server's exit."""
+    out = []
+    err = sc.get("error")
+    if isinstance(err, Mapping):
+        out.append(f"harness error {err.get('type', '?')}: {err.get('message', '')}")
+    ex = sc.get("sut_exit")
+    if isinstance(ex, Mapping):
+        out.append(f"{ex.get('cause') or 'the server exited'} at t={fmt_num(ex.get('t_s'))} s")
+    return out

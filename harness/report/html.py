@@ -24,6 +24,7 @@ from harness.report.common import (
     hdr_summary,
     invalid_reasons,
     overall_verdict,
+    run_problems,
     scenario_verdict,
     skip_reason,
 )
@@ -220,6 +221,14 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
             f'<p class="invalid">Run invalid, judges nothing: {esc(r)}</p>'
             for r in invalid_reasons(sc)
         ]
+    parts += [f'<p class="fail">{esc(p)}</p>' for p in run_problems(sc)]
+    sut_exit = sc.get("sut_exit")
+    tail = sut_exit.get("log_tail") if isinstance(sut_exit, Mapping) else None
+    if tail:
+        text = "\n".join(map(str, tail)) if isinstance(tail, list) else str(tail)
+        parts.append(
+            f"<details><summary>server output before it exited</summary><pre>{esc(text)}</pre></details>"
+        )
     parts += [
         _counters_table(sc),
         _latency_table(sc),

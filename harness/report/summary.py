@@ -22,6 +22,7 @@ from harness.report.common import (
     fmt_value,
     invalid_reasons,
     overall_verdict,
+    run_problems,
     scenario_verdict,
     skip_reason,
 )
@@ -56,6 +57,9 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
         lines += ["_Partial run: interrupted before the scenario finished._", ""]
     if verdict == "invalid":
         lines += [f"> ⚠️ Run invalid, judges nothing: {md(r)}" for r in invalid_reasons(sc)] + [""]
+    problems = run_problems(sc)
+    if problems:
+        lines += [f"> ❌ {md(p)}" for p in problems] + [""]
     if not checks:
         return [*lines, "_No checks were evaluated._", ""]
     lines += ["| check | verdict | value | threshold | n | detail |", "|---|---|---|---|---|---|"]
