@@ -291,6 +291,8 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
             await state.stop()
 
     routes = [
+        # The hot route first: Starlette matches routes in order.
+        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/v2", server_metadata),
@@ -298,7 +300,6 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
         Route("/v2/models/{model}/versions/{version}", model_metadata),
         Route("/v2/models/{model}/ready", model_ready),
         Route("/v2/models/{model}/versions/{version}/ready", model_ready),
-        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
         Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
         Route("/metrics", metrics_route),
     ]

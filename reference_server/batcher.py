@@ -171,6 +171,7 @@ class Batcher:
         self.queue = BatchQueue(config.levels, config.capacity, config.bounded)
         self._rng = random.Random(config.seed)
         self._busy = 0
+        self._worker_free_since = float("-inf")
         self._running: set[tuple[Pending, ...]] = set()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -255,7 +256,15 @@ class Batcher:
     # -- dispatch --------------------------------------------------------------------
 
     def _wait_s(self, now: float) -> float | None:
-        """0 = dispatch now; > 0 = wait at most this long for company; None = nothing to do."""
+        """0 = dispatch now; > 0 = wait at most this long for company; None = nothing to do.
+
+        A partial batch is held open for company at most ``max_delay_s`` counted from
+        when it could first have run: the later of its oldest request's arrival and the
+        moment a worker became free. Time spent waiting for a busy worker is not time
+        spent waiting for company; counting it would dispatch every partial batch at
+        once under load, and a closed loop of C clients would settle into alternating
+        half batches of C/2.
+        """
         if self._busy >= self.config.workers or self.queue.live == 0:
             return None
         if self.config.one_request_per_batch or self.queue.live_rows >= self.config.max_batch_size:
@@ -263,21 +272,29 @@ class Batcher:
         oldest = self.queue.oldest()
         if oldest is None:
             return None
-        return max(0.0, oldest + self.config.max_delay_s - now)
+        wait = max(oldest, self._worker_free_since) + self.config.max_delay_s - now
+        # Event-loop timers have ~1 ms resolution: closer than half of that is "now".
+        return wait if wait > 0.0005 else 0.0
 
     async def _dispatch_loop(self) -> None:
-        assert self._wake is not None
+        assert self._wake is not None and self._loop is not None
+        wake = self._wake
         while True:
-            self._wake.clear()
+            wake.clear()
             wait = self._wait_s(self._clock())
             if wait == 0.0:
                 self._dispatch()
                 continue
             if wait is None:
-                await self._wake.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                await wake.wait()
+                continue
+            # One timer per wait, rounded up to the loop's millisecond resolution so a
+            # timer that fires a little early cannot turn into a busy loop.
+            timer = self._loop.call_later(max(wait, 0.001), wake.set)
+            try:
+                await wake.wait()
+            finally:
+                timer.cancel()
 
     def _dispatch(self) -> None:
         assert self._loop is not None and self._executor is not None
@@ -311,6 +328,7 @@ class Batcher:
 
     def _finished(self, batch: tuple[Pending, ...], fut: asyncio.Future) -> None:
         self._busy -= 1
+        self._worker_free_since = self._clock()
         self._running.discard(batch)
         assert self._wake is not None
         self._wake.set()

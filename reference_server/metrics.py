@@ -76,9 +76,12 @@ class Metrics:
             ["outcome", "reason"],
             registry=r,
         )
-        for outcome, reasons in REASONS.items():
-            for reason in reasons:
-                self.requests.labels(outcome, reason)
+        # Label children are looked up once: labels() costs a lock and a dict per call.
+        self._by_reason = {
+            (outcome, reason): self.requests.labels(outcome, reason)
+            for outcome, reasons in REASONS.items()
+            for reason in reasons
+        }
         self.in_flight = Gauge(
             f"{p}_requests_in_flight",
             "Inference requests accepted and not yet answered",
@@ -90,8 +93,9 @@ class Metrics:
             ["priority"],
             registry=r,
         )
-        for lv in range(levels):
-            self.queue_depth.labels(str(lv + 1)).set(0)
+        self._depth = [self.queue_depth.labels(str(lv + 1)) for lv in range(levels)]
+        for child in self._depth:
+            child.set(0)
         size_buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, max_batch_size})
         self.batch_size = Histogram(
             f"{p}_batch_size",
@@ -124,6 +128,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self._duration = {o: self.request_duration.labels(o) for o in REASONS}
         self.inference_count = Counter(
             f"{p}_inference_count", "Rows computed (inferences)", registry=r
         )
@@ -144,7 +149,7 @@ class Metrics:
     # -- BatchObserver ---------------------------------------------------------------
 
     def on_queue_depth(self, level: int, depth: int) -> None:
-        self.queue_depth.labels(str(level + 1)).set(depth)
+        self._depth[level].set(depth)
 
     def on_batch(self, n_requests: int, n_rows: int, queue_waits: list[float]) -> None:
         self.batch_size.observe(n_rows)
@@ -164,8 +169,8 @@ class Metrics:
     # -- accounting ------------------------------------------------------------------
 
     def answered(self, outcome: str, reason: str, seconds: float) -> None:
-        self.requests.labels(outcome, reason).inc()
-        self.request_duration.labels(outcome).observe(seconds)
+        self._by_reason[(outcome, reason)].inc()
+        self._duration[outcome].observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

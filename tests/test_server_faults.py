@@ -133,11 +133,15 @@ def test_slow_start_is_ready_at_once_and_pays_on_the_first_request() -> None:
 
 
 def test_stall_holds_the_gil_periodically() -> None:
-    with start_server(*SIM_FAST, "--fault", "stall:1,0.4") as srv:
-        assert listed_faults(srv) == ["stall:1,0.4"]
+    with start_server(*SIM_FAST, "--fault", "stall:1,0.5") as srv:
+        assert listed_faults(srv) == ["stall:1,0.5"]
         # ~2.5 periods of back-to-back tiny requests: at least two land in a stall.
         answers = []
         while not answers or answers[-1].end - answers[0].start < 2.5:
             answers.extend(run_clients(srv, 1, 20, infer_body([SIM_ROW])))
         latencies = sorted(a.seconds for a in answers)
-        assert latencies[-1] > 50 * statistics.median(latencies)
+        worst, median = latencies[-1], statistics.median(latencies)
+        # A slower box only makes requests slower, so a lower bound of half the hold
+        # cannot fail spuriously; the ratio keeps it from passing on a box that is slow
+        # for every request.
+        assert worst > 0.25 and worst > 10 * median, (worst, median)

@@ -216,3 +216,26 @@ def test_sim_costs_base_plus_item_and_outputs_depend_on_input() -> None:
     y = m.predict(np.eye(4, dtype=np.float32))
     assert slept == [pytest.approx(0.017)]
     assert y.shape == (4, 2) and len({tuple(r) for r in y.round(4)}) == 4
+
+
+def test_hold_open_window_counts_from_when_a_worker_is_free() -> None:
+    now = [0.0]
+    b = Batcher(
+        lambda x: x,
+        BatcherConfig(max_batch_size=4, max_delay_s=0.005, levels=1),
+        clock=lambda: now[0],
+    )
+    assert b._wait_s(now[0]) is None  # nothing queued
+    b.queue.offer(item(0, 0.0))
+    now[0] = 0.001
+    assert b._wait_s(now[0]) == pytest.approx(0.004)  # oldest arrived at 0: 4 ms left
+    now[0] = 0.006
+    assert b._wait_s(now[0]) == 0.0  # its 5 ms are up
+    b._busy = 1
+    assert b._wait_s(now[0]) is None  # no free worker: waiting for a worker, not company
+    b._busy, b._worker_free_since = 0, 0.010
+    now[0] = 0.011
+    assert b._wait_s(now[0]) == pytest.approx(0.004)  # held open 5 ms after the worker freed
+    for t in range(3):
+        b.queue.offer(item(0, 0.011 + t))
+    assert b._wait_s(now[0]) == 0.0  # a full batch goes at once

@@ -1,0 +1,273 @@
+"""Benchmark of the reference server: model ceiling, served throughput, batching ratio.
+
+    python bench/server.py [--duration 3] [--model-args "..."] [--small-model-args "..."]
+
+Prints one table with its conditions:
+  * in-process model throughput at batch 1 and at max batch (the ceiling);
+  * served throughput, p50 and p99 at concurrency 1, 8, 32, 64 with batching on and with
+    --max-batch-size 1, their ratio, and server CPU seconds per request;
+  * the same at concurrency 32 for a small model (HTTP-bound: the server's own overhead).
+
+The load generator is a keep-alive raw-socket HTTP/1.1 client in 2 processes x threads,
+closed loop, on the same box as the server (loopback only). Each point runs a short
+warm-up and then ``--duration`` seconds; the whole run takes about 2 minutes.
+"""
+
+from __future__ import annotations
+
+import os
+
+# BLAS threads must be fixed before numpy loads (same default as the server: 1).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import multiprocessing as mp  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reference_server.config import parse_config  # noqa: E402
+from reference_server.models import build_model  # noqa: E402
+from tests.server_fixtures import start_server  # noqa: E402
+
+CONCURRENCY = (1, 8, 32, 64)
+
+
+# -- in-process ceiling -----------------------------------------------------------------
+
+
+def model_throughput(argv: list[str], batch: int, seconds: float) -> float:
+    model = build_model(parse_config(argv))
+    x = np.random.default_rng(0).standard_normal((batch, model.input.width), dtype=np.float32)
+    for _ in range(3):
+        model.predict(x)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        model.predict(x)
+        n += 1
+    return n * batch / (time.perf_counter() - t0)
+
+
+# -- fast client ----------------------------------------------------------------------
+
+
+def _request_bytes(port: int, model: str, width: int) -> bytes:
+    body = json.dumps(
+        {
+            "id": "b",
+            "inputs": [
+                {"name": "input", "shape": [1, width], "datatype": "FP32", "data": [0.25] * width}
+            ],
+        }
+    ).encode()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def _exchange(sock: socket.socket, req: bytes, buf: bytearray) -> int:
+    sock.sendall(req)
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    head = bytes(buf[:end]).lower()
+    status = int(head[9:12])
+    i = head.find(b"content-length:")
+    length = int(head[i + 15 : head.find(b"\r\n", i)]) if i >= 0 else 0
+    total = end + 4 + length
+    while len(buf) < total:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    del buf[:total]
+    return status
+
+
+def _client_process(
+    port: int, req: bytes, threads: int, warmup: float, seconds: float, out
+) -> None:  # type: ignore[no-untyped-def]
+    start = time.perf_counter() + warmup
+    stop = start + seconds
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    errors = [0] * threads
+
+    def run(k: int) -> None:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        mine = lat[k]
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop:
+                    return
+                status = _exchange(sock, req, buf)
+                t1 = time.perf_counter()
+                if t0 >= start:
+                    if status == 200:
+                        mine.append(t1 - t0)
+                    else:
+                        errors[k] += 1
+        finally:
+            sock.close()
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put(
+        (np.concatenate([np.asarray(x) for x in lat]) if any(lat) else np.zeros(0), sum(errors))
+    )
+
+
+def served_point(
+    port: int, pid: int, req: bytes, concurrency: int, seconds: float
+) -> dict[str, float]:
+    procs = 1 if concurrency == 1 else 2
+    per = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    warmup = 0.5
+    q: mp.Queue = mp.Queue()
+    server = psutil.Process(pid)
+    workers = [
+        mp.Process(target=_client_process, args=(port, req, n, warmup, seconds, q)) for n in per
+    ]
+    for w in workers:
+        w.start()
+    time.sleep(warmup)  # the clients measure from the same instant
+    cpu0 = sum(server.cpu_times()[:2])
+    t0 = time.perf_counter()
+    results = [q.get(timeout=seconds + 60) for _ in workers]
+    elapsed = time.perf_counter() - t0
+    cpu1 = sum(server.cpu_times()[:2])
+    for w in workers:
+        w.join(30)
+    lat = np.concatenate([r[0] for r in results])
+    errors = sum(r[1] for r in results)
+    n = len(lat)
+    return {
+        "rps": n / min(elapsed, seconds),
+        "p50_ms": float(np.percentile(lat, 50) * 1e3) if n else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3) if n else float("nan"),
+        "cpu_s_per_req": (cpu1 - cpu0) / n if n else float("nan"),
+        "errors": errors,
+        "n": n,
+    }
+
+
+def served_series(
+    server_args: list[str], model: str, width: int, levels: tuple[int, ...], seconds: float
+) -> dict[int, dict[str, float]]:
+    out = {}
+    with start_server(*server_args, "--queue-size", "1024", ready_timeout=60) as srv:
+        req = _request_bytes(srv.port, model, width)
+        for c in levels:
+            out[c] = served_point(srv.port, srv.pid, req, c, seconds)
+    return out
+
+
+# -- table ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per measured point")
+    p.add_argument("--model-args", default="--model mlp", help="server flags of the main model")
+    p.add_argument(
+        "--small-model-args",
+        default="--model mlp --mlp-dims 256,64,10",
+        help="server flags of the small (HTTP-bound) model",
+    )
+    ns = p.parse_args(argv)
+    model_args = shlex.split(ns.model_args)
+    small_args = shlex.split(ns.small_model_args)
+    cfg = parse_config(model_args)
+    small = parse_config(small_args)
+
+    print("# reference_server benchmark")
+    print(
+        f"machine: {platform.node()} cpus={os.cpu_count()} python={platform.python_version()} "
+        f"affinity={sorted(os.sched_getaffinity(0))} load_avg={os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"model: {shlex.join(model_args)} dims={list(cfg.mlp_dims) if cfg.model == 'mlp' else list(cfg.sim_dims)} "
+        f"max_batch={cfg.max_batch_size} max_delay_ms={cfg.max_delay_ms} workers={cfg.workers} "
+        f"BLAS threads={os.environ['OPENBLAS_NUM_THREADS']}"
+    )
+    print(
+        f"client: raw-socket keep-alive HTTP/1.1, closed loop, 2 processes x threads, same box; "
+        f"{ns.duration:g} s per point after 0.5 s warm-up; batch-1 requests; queue-size 1024"
+    )
+    print()
+
+    b1 = model_throughput(model_args, 1, 1.5)
+    bmax = model_throughput(model_args, cfg.max_batch_size, 1.5)
+    print("## in-process model (one thread)")
+    print("| batch | samples/s | cost vs batch 1 |")
+    print("|---:|---:|---:|")
+    print(f"| 1 | {b1:,.0f} | 1.0x |")
+    print(f"| {cfg.max_batch_size} | {bmax:,.0f} | {cfg.max_batch_size * b1 / bmax:.1f}x |")
+    print()
+
+    width = cfg.mlp_dims[0] if cfg.model == "mlp" else cfg.sim_dims[0]
+    name = cfg.served_name
+    batched = served_series(model_args, name, width, CONCURRENCY, ns.duration)
+    single = served_series(
+        [*model_args, "--max-batch-size", "1"], name, width, CONCURRENCY, ns.duration
+    )
+    print(f"## served: {shlex.join(model_args)}")
+    print(
+        "| concurrency | batching req/s | p50 ms | p99 ms | CPU s/req | "
+        "max-batch 1 req/s | p50 ms | p99 ms | CPU s/req | ratio | errors |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in CONCURRENCY:
+        a, s = batched[c], single[c]
+        print(
+            f"| {c} | {a['rps']:,.0f} | {a['p50_ms']:.1f} | {a['p99_ms']:.1f} | {a['cpu_s_per_req'] * 1e3:.2f}e-3 "
+            f"| {s['rps']:,.0f} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {s['cpu_s_per_req'] * 1e3:.2f}e-3 "
+            f"| {a['rps'] / s['rps']:.1f}x | {a['errors'] + s['errors']:.0f} |"
+        )
+    print()
+
+    swidth = small.mlp_dims[0] if small.model == "mlp" else small.sim_dims[0]
+    sb = served_series(small_args, small.served_name, swidth, (32,), ns.duration)[32]
+    ss = served_series(
+        [*small_args, "--max-batch-size", "1"], small.served_name, swidth, (32,), ns.duration
+    )[32]
+    print(f"## served, small model: {shlex.join(small_args)} (concurrency 32)")
+    print("| batching | req/s | p50 ms | p99 ms | CPU s/req | errors |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, r in (("on (32)", sb), ("max-batch 1", ss)):
+        print(
+            f"| {label} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['cpu_s_per_req'] * 1e3:.2f}e-3 | {r['errors']:.0f} |"
+        )
+    print()
+    print(
+        f"targets: batching >= 4x at concurrency 32 ({batched[32]['rps'] / single[32]['rps']:.1f}x); "
+        f"small model >= 1,500 req/s at concurrency 32 ({sb['rps']:,.0f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
