@@ -77,7 +77,7 @@ class FailFast:
     slow: int  # timeouts, resets, and (optionally) requests dropped at the in-flight cap
     other: int  # other failures (500s, integrity), neither quick nor slow
     quick_share: float | None  # quick / (quick + slow); None when neither happened
-    error_p99_ms: float | None  # how long failed requests took
+    error_p50_ms: float | None  # how long failed requests took
 
 
 def fail_fast(
@@ -85,7 +85,7 @@ def fail_fast(
     *,
     dropped: int = 0,
     count_dropped_as_slow: bool = True,
-    error_p99_ms: float | None = None,
+    error_p50_ms: float | None = None,
     quick_kinds: Sequence[str] = QUICK_KINDS,
     slow_kinds: Sequence[str] = SLOW_KINDS,
 ) -> FailFast:
@@ -100,4 +100,4 @@ def fail_fast(
         slow += int(dropped)
     other = sum(int(v) for k, v in errors.items() if k not in quick_kinds and k not in slow_kinds)
     share = quick / (quick + slow) if quick + slow else None
-    return FailFast(quick, slow, other, share, error_p99_ms)
+    return FailFast(quick, slow, other, share, error_p50_ms)
