@@ -188,3 +188,16 @@ def test_accounting_balance() -> None:
     c["ok"] = 88
     assert accounting_imbalance(c) == 2
     assert "off by +2" in accounting_unbalanced(c)
+
+
+def test_quick_rejection_time_is_not_fooled_by_timeouts_in_the_same_histogram() -> None:
+    from harness.analysis.contention import quick_rejection_time_ms
+
+    # 200 quick 503s (3 ms) and 450 timeouts (5 s) share one failure histogram
+    mixed = lag_hist([3000] * 200 + [5_000_000] * 450)
+    assert quick_rejection_time_ms(mixed, n_quick=200) == pytest.approx(3.0, rel=1e-3)
+    # 503s that waited 4 s in a queue first: more than half of them were slow
+    slow = lag_hist([4_000_000] * 200 + [5_000_000] * 450)
+    assert quick_rejection_time_ms(slow, n_quick=200) == pytest.approx(4000, rel=1e-3)
+    assert quick_rejection_time_ms(mixed, n_quick=0) is None
+    assert quick_rejection_time_ms(None, n_quick=5) is None

@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from harness.analysis.percentiles import value_at_rank_us
 
 # Answers that shed load on purpose versus signs that the server did not answer in time.
 QUICK_KINDS: tuple[str, ...] = ("http_503", "http_429")
@@ -77,7 +80,7 @@ class FailFast:
     slow: int  # timeouts, resets, and (optionally) requests dropped at the in-flight cap
     other: int  # other failures (500s, integrity), neither quick nor slow
     quick_share: float | None  # quick / (quick + slow); None when neither happened
-    error_p50_ms: float | None  # how long failed requests took
+    reject_p50_ms: float | None  # bound on the median 503/429 time (quick_rejection_time_ms)
 
 
 def fail_fast(
@@ -85,7 +88,7 @@ def fail_fast(
     *,
     dropped: int = 0,
     count_dropped_as_slow: bool = True,
-    error_p50_ms: float | None = None,
+    reject_p50_ms: float | None = None,
     quick_kinds: Sequence[str] = QUICK_KINDS,
     slow_kinds: Sequence[str] = SLOW_KINDS,
 ) -> FailFast:
@@ -100,4 +103,21 @@ def fail_fast(
         slow += int(dropped)
     other = sum(int(v) for k, v in errors.items() if k not in quick_kinds and k not in slow_kinds)
     share = quick / (quick + slow) if quick + slow else None
-    return FailFast(quick, slow, other, share, error_p50_ms)
+    return FailFast(quick, slow, other, share, reject_p50_ms)
+
+
+def quick_rejection_time_ms(error_hist: HdrHistogram | None, n_quick: int) -> float | None:
+    """A sound bound on how long the 503/429 answers took, from a histogram of *all*
+    failed requests' times (the results keep one histogram, not one per kind).
+
+    The ⌈n_quick/2⌉-th fastest failure time: at least that many failures were this fast,
+    so if it exceeds a limit, more than half of the 503/429s were slower than the limit —
+    a failure verdict from it is never caused by timeouts mixed into the histogram.
+    """
+    if error_hist is None or n_quick <= 0:
+        return None
+    n = error_hist.get_total_count()
+    if n == 0:
+        return None
+    rank = min(n, max(1, math.ceil(n_quick / 2)))
+    return value_at_rank_us(error_hist, rank) / 1000.0

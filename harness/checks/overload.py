@@ -7,8 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.contention import Block, degradation_ratio, fail_fast
-from harness.analysis.percentiles import percentile_ms
+from harness.analysis.contention import (
+    QUICK_KINDS,
+    Block,
+    degradation_ratio,
+    fail_fast,
+    quick_rejection_time_ms,
+)
 from harness.analysis.recovery import baseline_p99_ms, recovery_time
 from harness.checks import _data as d
 from harness.checks._data import fmt
@@ -142,7 +147,7 @@ def spike_recovery(result: Mapping[str, Any], r: Result) -> Check:
 
 FAIL_FAST_DEFAULTS: Mapping[str, Any] = {
     "threshold": 0.9,  # share of failures that are quick 503/429
-    "max_error_p50_ms": 1000.0,  # and the failures themselves must be quick
+    "max_reject_p50_ms": 1000.0,  # and the failures themselves must be quick
     "min_failures": 10,
     "count_dropped_as_slow": True,
     # requests sent up to this long after the overload still meet its backlog
@@ -167,18 +172,20 @@ def _errors_in(w: d.Windows, spans: Sequence[tuple[float, float]]) -> tuple[dict
 
 def _fail_fast(
     r: Result,
+    result: Mapping[str, Any],
     errors: Mapping[str, int],
     dropped: int,
-    error_hist: Any,
     where: str,
 ) -> Check:
     p = r.params
-    err_p50 = percentile_ms(error_hist, 50.0) if error_hist is not None else None
+    run = d.counters(result) or {}
+    n_quick = sum(int((run.get("failed") or {}).get(k, 0)) for k in QUICK_KINDS)
+    reject_p50 = quick_rejection_time_ms(d.optional_hist(result.get("error_latency_hdr")), n_quick)
     ff = fail_fast(
         errors,
         dropped=dropped,
         count_dropped_as_slow=bool(p["count_dropped_as_slow"]),
-        error_p50_ms=err_p50,
+        reject_p50_ms=reject_p50,
     )
     judged = ff.quick + ff.slow
     if judged < int(p["min_failures"]):
@@ -190,12 +197,12 @@ def _fail_fast(
         )
     share = ff.quick_share or 0.0
     share_ok = r.compare(share)
-    lat_ok = err_p50 is None or err_p50 <= float(p["max_error_p50_ms"])
+    lat_ok = reject_p50 is None or reject_p50 <= float(p["max_reject_p50_ms"])
     detail = (
         f"{ff.quick} quick 503/429 vs {ff.slow} timeouts/resets/drops {where}: "
         f"{share:.1%} quick {'>=' if share_ok else '<'} {float(r.threshold):.0%}; "
-        f"median failed-request time {fmt(err_p50)} ms "
-        f"({'<=' if lat_ok else '>'} {fmt(p['max_error_p50_ms'])} ms)"
+        f"median 503/429 time at most {fmt(reject_p50)} ms "
+        f"({'<=' if lat_ok else '>'} {fmt(p['max_reject_p50_ms'])} ms)"
     )
     if not (share_ok and lat_ok):
         detail += (
@@ -220,7 +227,6 @@ def spike_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
         else (max(stages, key=_rate) if stages else None)
     )
     w = d.windows(result)
-    err_hist = d.optional_hist(result.get("error_latency_hdr"))
     if event is None or w is None:
         c = d.counters(result)
         if c is None:
@@ -230,7 +236,7 @@ def spike_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
         lo, hi = float(event["start_s"]), float(event["end_s"]) + float(r.params["tail_s"])
         errors, dropped = _errors_in(w, [(lo, hi)])
         where = f"for requests sent in {fmt(lo)}–{fmt(hi)} s (spike stage '{event['name']}')"
-    return _fail_fast(r, errors, dropped, err_hist, where)
+    return _fail_fast(r, result, errors, dropped, where)
 
 
 def contention_blocks(result: Mapping[str, Any], r: Result | None) -> dict[str, list[Block]]:
@@ -329,7 +335,7 @@ def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
         tail = float(r.params["tail_s"])
         errors, dropped = _errors_in(w, [(b.start_s, b.end_s + tail) for b in blocks["hog"]])
         where = f"for requests sent during the CPU hogs (+{fmt(tail)} s)"
-    return _fail_fast(r, errors, dropped, d.optional_hist(result.get("error_latency_hdr")), where)
+    return _fail_fast(r, result, errors, dropped, where)
 
 
 @register(
