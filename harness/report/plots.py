@@ -189,7 +189,7 @@ def resources(sc: Mapping[str, Any]) -> Figure | Missing:
             )
         _shade_chaos(ax, sc)
         ax.set_ylabel(label)
-        ax.legend(fontsize="small", loc="upper left", ncols=3)
+        ax.legend(fontsize="small", ncols=3)
     axes[0].set_title(
         "Server resources with the leak detector's trend (a drawing aid; the verdict is the check's)"
     )
