@@ -262,3 +262,15 @@ def test_child_processes_are_summed(tmp_path):
     assert cpu_kids > 30 and cpu_alone < 5
     assert {r.pid for r in with_kids.last_threads} == {p.pid, *(c.pid for c in children)}
     assert re.fullmatch(r"python[\d.]*", next(r.name for r in alone.last_threads))
+
+
+def test_thread_csv_line_quotes_odd_names():
+    import csv
+    import io
+
+    from harness.collectors.process import THREAD_COLUMNS, ThreadRow
+
+    row = ThreadRow(1.5, 9, 10, 77, 'we,ird "name"', 1.234, 0.0, 0.0, None, 1.234, 1, 3.0, 0.5)
+    parsed = next(csv.DictReader(io.StringIO(",".join(THREAD_COLUMNS) + "\n" + row.csv_line())))
+    assert parsed["name"] == 'we,ird "name"'
+    assert parsed["wait_pct"] == "" and parsed["cpu_pct"] == "1.23" and parsed["tid"] == "10"

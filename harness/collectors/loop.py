@@ -112,18 +112,20 @@ class CsvStream:
         self._f.flush()
 
     def write(self, rows: Sequence[Sequence[Any]]) -> None:
-        self._w.writerows([[_fmt(v) for v in r] for r in rows])
+        # round floats (4 decimals is below any figure we report); None → empty cell
+        self._w.writerows(
+            [
+                [round(v, 4) if type(v) is float else ("" if v is None else v) for v in r]
+                for r in rows
+            ]
+        )
+        self._f.flush()
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """Already formatted CSV lines (each ending in a newline)."""
+        self._f.write("".join(lines))
         self._f.flush()
 
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
-
-
-def _fmt(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        text = f"{v:.4f}".rstrip("0")
-        return text[:-1] if text.endswith(".") else text
-    return v

@@ -57,15 +57,15 @@ def read_stat(path: str) -> TaskStat | None:
         return None
 
 
-def read_schedstat(path: str) -> tuple[int, int] | None:
-    """(on-CPU ns, run-queue wait ns); None when the kernel has no schedstat."""
+def read_schedstat(path: str) -> tuple[int, int, int] | None:
+    """(on-CPU ns, run-queue wait ns, times scheduled in); None without schedstat."""
     data = _read(path)
     if not data:
         return None
     parts = data.split()
-    if len(parts) < 2:
+    if len(parts) < 3:
         return None
-    return int(parts[0]), int(parts[1])
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def read_ctxt(path: str) -> tuple[int, int] | None:

@@ -85,9 +85,14 @@ class SystemSampler:
         out_dir: str | Path | None = None,
         *,
         loadgen_pids: Callable[[], list[int]] | None = None,
+        loadgen_every_s: float = 5.0,
         recent: int = 600,
     ) -> None:
         self.loadgen_pids = loadgen_pids
+        # Finding a process tree scans every process on the host: rescan every few seconds.
+        self.loadgen_every_s = loadgen_every_s
+        self._lg_pids: list[int] = []
+        self._lg_next = 0.0
         first = procfs.read_cpu_times()
         self.cores = sorted(k for k in first if k >= 0)
         self.recent: deque[SystemTick] = deque(maxlen=recent)
@@ -100,10 +105,13 @@ class SystemSampler:
             out.mkdir(parents=True, exist_ok=True)
             self._csv = CsvStream(out / "system.csv", system_columns(self.cores))
 
-    def _loadgen_ticks(self) -> tuple[int, dict[tuple[int, int], int]]:
+    def _loadgen_ticks(self, t: float) -> tuple[int, dict[tuple[int, int], int]]:
         now: dict[tuple[int, int], int] = {}
         delta = 0
-        for pid in self.loadgen_pids() if self.loadgen_pids else []:
+        if self.loadgen_pids is not None and t >= self._lg_next:
+            self._lg_pids = self.loadgen_pids()
+            self._lg_next = t + self.loadgen_every_s
+        for pid in self._lg_pids:
             st = procfs.read_stat(f"/proc/{pid}/stat")
             if st is None:
                 continue
@@ -115,12 +123,12 @@ class SystemSampler:
 
     def baseline(self, t: float) -> None:
         self._cpu_prev = procfs.read_cpu_times()
-        _, self._lg_prev = self._loadgen_ticks()
+        _, self._lg_prev = self._loadgen_ticks(t)
         self._t_prev = t
 
     def sample(self, t: float, ts: float, late_s: float = 0.0) -> SystemTick | None:
         cpu_now = procfs.read_cpu_times()
-        lg_delta, lg_now = self._loadgen_ticks()
+        lg_delta, lg_now = self._loadgen_ticks(t)
         dt = t - self._t_prev if self._t_prev is not None else None
         prev = self._cpu_prev
         self._cpu_prev, self._lg_prev, self._t_prev = cpu_now, lg_now, t
