@@ -37,6 +37,7 @@ REASONS = {
         "invalid",
         "not_found",
         "too_large",
+        "disconnected",
     ),
     "failed": ("model_error",),
 }

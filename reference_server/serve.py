@@ -85,6 +85,7 @@ def serve(config: ServerConfig) -> int:
         # Our drain already waited for accepted requests; this only bounds the socket close.
         timeout_graceful_shutdown=5,
         backlog=2048,
+        proxy_headers=False,  # loopback reference server: no proxy, one wrapper less per request
     )
     server = DrainingServer(uv_config, server_state(app), config.drain_timeout_s)
     server.run()

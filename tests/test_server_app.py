@@ -389,3 +389,11 @@ def test_slow_start_fault_is_ready_at_once_without_warmup() -> None:
         assert not state_of(c).model.loaded
         assert c.post(INFER, content=infer_body([ROW])).status_code == 200
         assert state_of(c).model.loaded
+
+
+def test_malformed_infer_paths_are_json_404() -> None:
+    with client() as c:
+        r = c.post("/v2/models/a/b/infer", content=infer_body([ROW]))
+        assert r.status_code == 404 and "error" in r.json()
+        r = c.get("/v2/models/sim/versions/1/infer")
+        assert r.status_code == 405

@@ -239,3 +239,18 @@ def test_hold_open_window_counts_from_when_a_worker_is_free() -> None:
     for t in range(3):
         b.queue.offer(item(0, 0.011 + t))
     assert b._wait_s(now[0]) == 0.0  # a full batch goes at once
+
+
+def test_infer_path_parsing() -> None:
+    from reference_server.app import _infer_model_name
+
+    assert _infer_model_name("/v2/models/mlp/infer") == "mlp"
+    assert _infer_model_name("/v2/models/mlp/versions/1/infer") == "mlp"
+    for path in (
+        "/v2/models//infer",
+        "/v2/models/a/b/infer",
+        "/v2/models/mlp/versions//infer",
+        "/v2/models/mlp",
+        "/v3/models/m/infer",
+    ):
+        assert _infer_model_name(path) is None, path
