@@ -275,3 +275,68 @@ def test_scraper_records_errors_without_raising(tmp_path):
     assert scraper.scrape(0.0, 0.0) is None
     assert scraper.errors == 1 and "URLError" in (scraper.last_error or "")
     scraper.close()
+
+
+def _reference_server_available() -> bool:
+    try:
+        import reference_server  # noqa: F401
+    except ImportError:
+        return False
+    return (REPO / "reference_server" / "__main__.py").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _reference_server_available(), reason="reference_server not present")
+def test_harness_sample_watches_the_reference_server(tmp_path):
+    """`harness sample` with --metrics-url on the real reference server, under a little load."""
+    import urllib.request
+
+    from harness.sut import SutProcess
+
+    out = tmp_path / "samples"
+    cmd = [sys.executable, "-m", "reference_server", "--port", "{port}", "--model", "sim"]
+    with SutProcess(cmd, log_path=tmp_path / "server.log") as sut:
+        sut.wait_ready(timeout=60)
+        pid = sut.pid
+        sampler = subprocess.Popen(
+            [sys.executable, "-m", "harness", "sample", "--pid", str(pid), "--out", str(out),
+             "--interval", "0.25", "--duration", "2.5", "--metrics-url", sut.url + "/metrics"],
+            cwd=REPO, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            body = json.dumps(
+                {
+                    "inputs": [
+                        {"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
+                    ]
+                }  # fmt: skip
+            ).encode()
+            sent = 0
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                req = urllib.request.Request(
+                    sut.url + "/v2/models/sim/infer", data=body,
+                    headers={"Content-Type": "application/json"},
+                )  # fmt: skip
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    assert r.status == 200
+                sent += 1
+            _, err = sampler.communicate(timeout=60)
+        finally:
+            if sampler.poll() is None:
+                sampler.kill()
+                sampler.wait()
+        assert sampler.returncode == 0, err
+    data = read_samples(out)
+    server = data["server"]
+    assert server["pid"] == pid
+    assert server["ticks"] >= 8 and max(server["series"]["threads"]) >= 2
+    assert server["threads_top"] and server["threads_top"][0]["cpu_pct_mean"] > 0
+    series = data["metrics"]["series"]
+    ok = [k for k in series if k.startswith("refserver_requests_total") and "success" in k]
+    assert ok, sorted(series)
+    done = series[ok[0]]["v"]
+    assert done[-1] - done[0] >= 1 and done[-1] <= sent
+    assert any(k.startswith("refserver_queue_depth") for k in series)
+    assert any(k.startswith("refserver_batch_size_count") for k in series)
+    assert "process_resident_memory_bytes" in series
