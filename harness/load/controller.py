@@ -134,6 +134,7 @@ class HarnessState:
         self.greenlets: list[gevent.Greenlet] = []
         self.sut_doc: dict[str, Any] = {}
         self.ended_unix: float | None = None
+        self.partial = False
 
     @property
     def is_worker(self) -> bool:
@@ -474,7 +475,8 @@ class HarnessState:
             self.timeline.stop()
         samples = self._stop_sampler()
         self.aggregate.finish()
-        self._write(partial=self._partial(), samples=samples)
+        self.partial = self._partial()
+        self._write(partial=self.partial, samples=samples)
 
     def _partial(self) -> bool:
         missing = bool(set(self.plan_clients) - self.finals) if self.is_master else False

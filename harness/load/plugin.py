@@ -12,11 +12,13 @@ the workers with Locust's own option forwarding.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Any
 
 import gevent
 from locust import events
+from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
 from harness.errors import ConfigError, HarnessError
@@ -221,8 +223,11 @@ def register(environment: Any) -> HarnessState | None:
         parsed.host = environment.host
     environment.harness = state
     runner = environment.runner
-    from locust.runners import MasterRunner, WorkerRunner
-
+    if not isinstance(runner, WorkerRunner):
+        # Locust installs its own SIGTERM handler only after a headless shape run ends, so
+        # until then a SIGTERM would kill it outright and lose the results: stop the test
+        # (results written, marked partial); Locust's handler replaces this one later.
+        gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(_stop_on_sigterm, environment))
     if isinstance(runner, WorkerRunner):
         runner.register_message("harness_plan", lambda msg, **_: state.on_plan(msg.data))
         # answering waits for requests still out: not on the message-receiving greenlet
@@ -232,6 +237,17 @@ def register(environment: Any) -> HarnessState | None:
             "harness_final", lambda msg, **_: state.on_final(msg.node_id, msg.data)
         )
     return state
+
+
+def _stop_on_sigterm(environment: Any) -> None:
+    log.info("harness: SIGTERM — stopping the test and writing partial results")
+    runner = environment.runner
+    if runner is not None:
+        runner.stop()
+        state = getattr(environment, "harness", None)
+        if state is not None:
+            state.finalize()
+        runner.quit()
 
 
 @events.init.add_listener
@@ -281,6 +297,8 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         state.finalize()
     if state.exit_code is not None:
         environment.process_exit_code = state.exit_code
+    elif state.finalized and state.partial:
+        environment.process_exit_code = 3  # interrupted: the partial results judge nothing
     elif state.finalized:
         # The verdict belongs to harness.checks (not wired yet): a run that completed and
         # wrote its results is not a failure because some requests failed.

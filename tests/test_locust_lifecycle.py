@@ -1,0 +1,158 @@
+"""Runs that do not simply finish: interrupted, the server dies, the harness starts the server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.locust_helpers import (
+    REPO,
+    SCENARIOS,
+    balanced,
+    locust_cmd,
+    run_locust,
+    scenario_result,
+    stop,
+)
+from tests.server_fixtures import scrape, start_server
+
+pytestmark = pytest.mark.slow
+
+SIM = ("--model", "sim", "--sim-base-ms", "2", "--sim-item-ms", "0.1")
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        locust_cmd("--headless", "--only-summary", *args),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 60.0) -> list[str]:
+    """Read the process output until a line contains ``needle`` (the run is going)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)[-3000:]}")
+
+
+def test_sigterm_writes_partial_balanced_results(tmp_path) -> None:
+    with start_server(*SIM) as srv:
+        proc = _start(
+            [
+                "--host",
+                srv.url,
+                "--scenario",
+                str(SCENARIOS / "long_open.toml"),
+                "--out",
+                str(tmp_path),
+                "--no-sample",
+            ]
+        )
+        try:
+            _wait_for_line(proc, "All users spawned")
+            _wait_served(srv.url, 50)
+            os.kill(proc.pid, signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            stop(proc)
+    assert proc.returncode == 3, out[-3000:]
+    sc = scenario_result(tmp_path)
+    assert sc["partial"] is True
+    c = sc["counters"]
+    assert c["scheduled"] >= 50 and balanced(c)
+    assert sc["duration_s"] < 40  # cut short, not the scenario's 60 s
+
+
+def test_dead_server_stops_the_run_with_the_cause(tmp_path) -> None:
+    with start_server(*SIM) as srv:
+        proc = _start(
+            [
+                "--host",
+                srv.url,
+                "--scenario",
+                str(SCENARIOS / "long_open.toml"),
+                "--out",
+                str(tmp_path),
+                "--sut-pid",
+                str(srv.pid),
+                "--no-sample",
+            ]
+        )
+        try:
+            _wait_for_line(proc, "All users spawned")
+            _wait_served(srv.url, 50)
+            os.kill(srv.pid, signal.SIGKILL)
+            srv.proc.wait(10)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            stop(proc)
+    assert proc.returncode == 1, out[-3000:]
+    sc = scenario_result(tmp_path)
+    assert sc["partial"] is True
+    assert sc["sut_exit"] is not None and "exited" in sc["sut_exit"]["cause"]
+    c = sc["counters"]
+    assert balanced(c)
+    assert c["failed"]["connection"] > 0  # requests sent to the dead server
+
+
+def test_harness_started_server_calibrated_and_stopped(tmp_path) -> None:
+    cmd = f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} " + " ".join(SIM)
+    run = run_locust(
+        "--sut-cmd",
+        cmd,
+        "--scenario",
+        str(SCENARIOS / "relative.toml"),
+        "--out",
+        str(tmp_path),
+        "--no-sample",
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    sc = scenario_result(tmp_path)
+    assert sc["time_to_ready_s"] is not None and sc["time_to_ready_s"] > 0
+    assert sc["capacity_rps"] > 0 and sc["calibration"]["ok"] > 0
+    rate = sc["stages"][0]["rate_rps"]
+    assert rate == pytest.approx(0.3 * sc["capacity_rps"])
+    assert balanced(sc["counters"]) and sc["counters"]["scheduled"] > 0
+    # the harness stopped the server it started
+    import json
+
+    pid = json.loads((tmp_path / "results.json").read_text())["sut"]["pid"]
+    assert pid is not None
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _received(url: str) -> float:
+    """Inference requests the server has received so far (its own counter)."""
+    try:
+        m = scrape(url)
+    except OSError:
+        return 0.0
+    return sum(v for k, v in m.items() if k.endswith("_requests_received_total"))
+
+
+def _wait_served(url: str, n: int, timeout: float = 30.0) -> None:
+    """Wait until the load (not the golden fetch before it) has sent ``n`` requests."""
+    start = _received(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _received(url) < start + n:
+        time.sleep(0.2)
