@@ -85,7 +85,7 @@ def _exchange(sock: socket.socket, req: bytes, buf: bytearray) -> int:
         if not chunk:
             raise ConnectionError("server closed the connection")
         buf += chunk
-    head = bytes(buf[:end]).lower()
+    head = bytes(buf[: end + 2]).lower()  # keep the last header line's CRLF
     status = int(head[9:12])
     i = head.find(b"content-length:")
     length = int(head[i + 15 : head.find(b"\r\n", i)]) if i >= 0 else 0

@@ -12,7 +12,7 @@ import os
 import sys
 
 
-def _pin_blas_threads(argv: list[str]) -> None:
+def _pin_blas_threads(argv: list[str]) -> list[str]:
     # Must run before numpy is imported anywhere: OpenBLAS reads these at load time.
     # An explicit --blas-threads wins; otherwise keep a value the user exported.
     explicit = None
@@ -26,11 +26,15 @@ def _pin_blas_threads(argv: list[str]) -> None:
             os.environ[var] = explicit
         else:
             os.environ.setdefault(var, "1")
+    if explicit is None and os.environ["OPENBLAS_NUM_THREADS"].isdigit():
+        # Report what numpy will really use (GET /v2 config) when the user exported it.
+        return [*argv, "--blas-threads", os.environ["OPENBLAS_NUM_THREADS"]]
+    return argv
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _pin_blas_threads(argv)
+    argv = _pin_blas_threads(argv)
 
     from reference_server.config import ConfigError, parse_config
 

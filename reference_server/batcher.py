@@ -41,10 +41,10 @@ class Pending:
     future: asyncio.Future[np.ndarray] | None = None
     queued: bool = False
     timer: asyncio.TimerHandle | None = None
+    n: int = dataclasses.field(init=False)  # rows; what the batch size counts
 
-    @property
-    def n(self) -> int:
-        return int(self.rows.shape[0])
+    def __post_init__(self) -> None:
+        self.n = int(self.rows.shape[0])
 
 
 class BatchQueue:

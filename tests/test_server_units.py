@@ -254,3 +254,17 @@ def test_infer_path_parsing() -> None:
         "/v3/models/m/infer",
     ):
         assert _infer_model_name(path) is None, path
+
+
+def test_blas_threads_pinned_before_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reference_server.__main__ import _pin_blas_threads
+
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _pin_blas_threads([]) == ["--blas-threads", "1"]
+    import os
+
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["OMP_NUM_THREADS"] == "3"
+    assert _pin_blas_threads(["--blas-threads", "2"]) == ["--blas-threads", "2"]
+    assert os.environ["OPENBLAS_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "2"
