@@ -144,3 +144,12 @@ def test_params_are_validated() -> None:
         TrendParams(slope_threshold=1.0, warmup_frac=1.5)
     with pytest.raises(ValueError, match="bucket_s"):
         TrendParams(slope_threshold=1.0, bucket_s=0)
+
+
+def test_fd_leak_survives_a_burst_of_short_lived_connections() -> None:
+    rng = np.random.default_rng(8)
+    t = np.arange(0, 120, 1.0)
+    fds = 30 + np.floor(20 * t / 60) + rng.integers(0, 6, len(t))  # 20 fds/min + churn
+    fds[70:72] += 150  # a 2 s burst of keep-alive connections in the middle third
+    r = leak_test(t, fds, TrendParams(slope_threshold=0.5), variant="count")
+    assert r.verdict == "LEAK", r.reasons

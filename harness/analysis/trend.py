@@ -12,8 +12,8 @@ one-off step-ups of RSS are normal; a leak is *sustained* growth. The detector:
    INCONCLUSIVE when p < alpha and b > S but another condition fails (extend the soak);
    PASS otherwise. INSUFFICIENT when fewer than ``min_buckets`` buckets remain.
 
-The thread/fd variant adds "max of the last third > max of the middle third": a pool
-that grew once and stopped is not a leak.
+The thread/fd variant adds "max of the last third > max of the middle third" (of the
+bucket medians): a pool that grew once and stopped is not a leak.
 
 Naive OLS or raw Mann–Kendall at p < 0.05 flagged a third of flat series in simulation —
 which is why every condition above is needed.
@@ -184,10 +184,12 @@ def leak_test(
             f"{params.second_half_ratio:g} x first-half {b1:.4g}/min"
         )
     if variant == "count":
-        third = len(yk) // 3
+        # on the bucket medians, like the slope: one burst of short-lived connections
+        # in the middle third must not hide a leak
+        third = len(yb) // 3
         if third >= 1:
-            mid_max = float(np.max(yk[third : 2 * third]))
-            last_max = float(np.max(yk[2 * third :]))
+            mid_max = float(np.max(yb[third : 2 * third]))
+            last_max = float(np.max(yb[2 * third :]))
             if not last_max > mid_max:
                 failed.append(f"max of last third {last_max:g} <= max of middle third {mid_max:g}")
 
