@@ -274,3 +274,35 @@ def test_thread_csv_line_quotes_odd_names():
     parsed = next(csv.DictReader(io.StringIO(",".join(THREAD_COLUMNS) + "\n" + row.csv_line())))
     assert parsed["name"] == 'we,ird "name"'
     assert parsed["wait_pct"] == "" and parsed["cpu_pct"] == "1.23" and parsed["tid"] == "10"
+
+
+@pytest.mark.slow
+def test_system_sampler_sees_the_load_generator_cpu(tmp_path):
+    from harness.collectors.system import SystemSampler, fixed_pids
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        hot = SystemSampler(tmp_path, loadgen_pids=fixed_pids([busy.pid]))
+        cold = SystemSampler(None, loadgen_pids=fixed_pids([idle.pid]))
+        loop = TickLoop(0.25)
+        t0 = loop.start()
+        hot.baseline(time.monotonic() - t0)
+        cold.baseline(time.monotonic() - t0)
+        ticks: list = []
+        loop.run(lambda t, late: ticks.append((hot.sample(t, 0.0), cold.sample(t, 0.0))), 1.5)
+        hot.close()
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    hot_mean = sum(h.loadgen_cpu_pct for h, _ in ticks) / len(ticks)
+    cold_mean = sum(c.loadgen_cpu_pct for _, c in ticks) / len(ticks)
+    assert hot_mean > 30 and cold_mean < 5
+    assert all(len(h.per_core) == len(hot.cores) for h, _ in ticks)
+    assert all(0 <= v <= 100 for h, _ in ticks for v in h.per_core if v is not None)
+    assert max(h.cpu_pct for h, _ in ticks) > 20  # the busy process shows system-wide
+    header = (tmp_path / "system.csv").read_text().splitlines()[0]
+    assert header == ",".join(
+        ["t", "ts", "late_s", "cpu_pct", *[f"cpu{c}_pct" for c in hot.cores], "loadgen_cpu_pct"]
+    )

@@ -340,3 +340,23 @@ def test_harness_sample_watches_the_reference_server(tmp_path):
     assert any(k.startswith("refserver_queue_depth") for k in series)
     assert any(k.startswith("refserver_batch_size_count") for k in series)
     assert "process_resident_memory_bytes" in series
+
+
+@pytest.mark.slow
+def test_harness_sample_stops_when_the_target_exits(tmp_path):
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    out = tmp_path / "s"
+    try:
+        rc = subprocess.run(
+            [sys.executable, "-m", "harness", "sample", "--pid", str(target.pid), "--out",
+             str(out), "--interval", "0.2", "--duration", "60"],  # fmt: skip
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        target.kill()
+        target.wait()
+    assert rc.returncode == 0, rc.stderr
+    meta = json.loads((out / "sampler.json").read_text())
+    assert meta["target_exited"] is True and meta["duration_s"] < 30
+    rss = read_samples(out)["server"]["series"]["rss_bytes"]
+    assert rss and min(rss) > 0  # no zero rows once it is gone

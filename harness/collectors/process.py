@@ -178,6 +178,7 @@ class ProcessSampler:
         self.children_every_s = children_every_s
         self._children: list[int] = []
         self._children_next = 0.0
+        self.gone = False  # the watched process tree no longer exists
         self._boottime_ticks = boottime_ticks
         self.recent: deque[ProcessTick] = deque(maxlen=recent)
         self.last_threads: list[ThreadRow] = []
@@ -243,8 +244,8 @@ class ProcessSampler:
         live = 0
         for pid in pids:
             pst = procfs.read_stat(f"/proc/{pid}/stat")
-            if pst is None:
-                continue
+            if pst is None or pst.state in ("Z", "X"):
+                continue  # gone, or a zombie waiting for its parent to reap it
             live += 1
             procs_now[(pid, pst.starttime)] = (pst.utime, pst.stime, pst.guest)
             prev_p = self._procs_prev.get((pid, pst.starttime))
@@ -267,6 +268,9 @@ class ProcessSampler:
         self._procs_prev = procs_now
         self._t_prev = t
         self._boot_prev = boot_now
+        self.gone = live == 0
+        if self.gone:
+            return None  # no row: zeros would read as a drop in RSS/threads, not an exit
         if not emit or dt is None or dt <= 0:
             return None
         if take_uss:

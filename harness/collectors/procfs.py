@@ -16,6 +16,7 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 class TaskStat(NamedTuple):
     name: str
+    state: str
     utime: int
     stime: int
     starttime: int
@@ -44,7 +45,7 @@ def parse_stat(data: bytes) -> TaskStat:
     f = data[rpar + 2 :].split()
     # f[0] is field 3 (state): field n is f[n - 3].
     guest = int(f[40]) if len(f) > 40 else 0
-    return TaskStat(name, int(f[11]), int(f[12]), int(f[19]), int(f[36]), guest)
+    return TaskStat(name, f[0].decode(), int(f[11]), int(f[12]), int(f[19]), int(f[36]), guest)
 
 
 def read_stat(path: str) -> TaskStat | None:

@@ -109,7 +109,7 @@ class SamplingSession:
         self.system.sample(t, ts, late)
         if self.live is not None and tick is not None:
             self.live(format_live(tick, self.process.last_threads))
-        if self.config.stop_when_target_exits and tick is not None and tick.pid_count == 0:
+        if self.config.stop_when_target_exits and self.process.gone:
             self.target_exited = True
             self.stop.set()
 
