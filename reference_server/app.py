@@ -1,4 +1,6 @@
-"""The Starlette application: KServe V2 REST routes, lifecycle state, error mapping.
+"""The ASGI application: KServe V2 REST routes, lifecycle state, error mapping.
+
+``POST .../infer`` is served on a lean ASGI path; the other routes are Starlette's.
 
 Every error body is ``{"error": "<message>"}``. Status mapping follows Triton: unknown
 model 404; malformed request 400; body over ``--max-body-bytes`` 413; model exception
@@ -161,7 +163,13 @@ Answer = tuple[str, str, int, dict[str, Any], list[tuple[bytes, bytes]]]
 """(outcome, reason, status, JSON document, extra headers) of one inference request."""
 
 
-def _fail(outcome: str, reason: str, status: int, message: str, headers=None) -> Answer:  # type: ignore[no-untyped-def]
+def _fail(
+    outcome: str,
+    reason: str,
+    status: int,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> Answer:
     return outcome, reason, status, {"error": message}, headers or []
 
 
