@@ -51,7 +51,12 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
         "threads, fds), system CPU per core and optionally a /metrics URL; stream CSVs to "
         "--out. Runs until --duration or Ctrl-C.",
     )
-    p.add_argument("--pid", type=int, required=True, help="pid of the server to watch")
+    p.add_argument("--pid", type=int, default=None, help="pid of the server to watch")
+    p.add_argument(
+        "--pid-file",
+        default=None,
+        help="file holding the server's pid; followed when the server is restarted",
+    )
     p.add_argument("--out", required=True, help="directory for process.csv, threads.csv, …")
     p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds (default 1)")
     p.add_argument(
@@ -90,6 +95,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         metrics_url=args.metrics_url,
         metrics_match=args.metrics_match or DEFAULT_MATCH,
         loadgen_pids=tuple(args.loadgen_pid) if args.loadgen_pid else None,
+        pid_file=args.pid_file,
     )
     stop = threading.Event()
 
@@ -100,7 +106,7 @@ def _run_sample(args: argparse.Namespace) -> int:
     with _stop_on_signals(stop):
         meta = session.run()
     print(
-        f"sampled pid {config.pid}: {meta['ticks']} ticks, {meta['missed_ticks']} missed"
+        f"sampled pid {meta['pid']}: {meta['ticks']} ticks, {meta['missed_ticks']} missed"
         f"{' (target exited)' if meta['target_exited'] else ''} → {config.out_dir}",
         file=sys.stderr,
     )

@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -148,7 +147,9 @@ class SutProcess:
 
     ``cmd`` is a template: ``{port}`` and ``{threads}`` are filled in. The process gets its
     own process group and, when ``cores`` is given, an affinity every thread inherits
-    (``taskset -c`` when present, else ``sched_setaffinity`` before exec).
+    (``taskset -c`` when present, else ``sched_setaffinity`` before exec). ``env`` adds to
+    (overrides) this process's environment. ``pid_file``, when given, is rewritten with the
+    pid on every start, so ``harness sample --pid-file`` follows a restarted server.
     """
 
     can_restart = True
@@ -163,6 +164,7 @@ class SutProcess:
         cores: Iterable[int] | None = None,
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
+        pid_file: str | Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.template = cmd
@@ -171,6 +173,7 @@ class SutProcess:
         self.threads = threads
         self.cores = tuple(sorted(cores)) if cores is not None else None
         self.env = env
+        self.pid_file = Path(pid_file) if pid_file else None
         self._clock = clock
         self._log_path = Path(log_path) if log_path else None
         self._log_file = None
@@ -235,7 +238,7 @@ class SutProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env={**os.environ, **self.env} if self.env else None,
                 start_new_session=True,  # own process group: a Ctrl-C to us is not sent to it
                 preexec_fn=preexec,
             )
@@ -244,6 +247,10 @@ class SutProcess:
                 f"could not start server {self.cmd!r}: {e}. Check --sut-cmd (the executable and its path)"
             ) from None
         self.spawned_at = self._clock()
+        if self.pid_file is not None:
+            tmp = self.pid_file.with_name(self.pid_file.name + ".tmp")
+            tmp.write_text(f"{self._popen.pid}\n")
+            os.replace(tmp, self.pid_file)
         return self
 
     def tail(self, lines: int = 20) -> str:
@@ -357,8 +364,3 @@ class SutProcess:
             "cmd": self.cmd,
             "cores": list(self.cores) if self.cores is not None else None,
         }
-
-
-def python_cmd(*args: str) -> list[str]:
-    """``[sys.executable, *args]``: start a Python server with this interpreter."""
-    return [sys.executable, *args]

@@ -278,13 +278,13 @@ def test_thread_csv_line_quotes_odd_names():
 
 @pytest.mark.slow
 def test_system_sampler_sees_the_load_generator_cpu(tmp_path):
-    from harness.collectors.system import SystemSampler, fixed_pids
+    from harness.collectors.system import SystemSampler, loadgen_pids
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        hot = SystemSampler(tmp_path, loadgen_pids=fixed_pids([busy.pid]))
-        cold = SystemSampler(None, loadgen_pids=fixed_pids([idle.pid]))
+        hot = SystemSampler(tmp_path, loadgen_pids=loadgen_pids([busy.pid]))
+        cold = SystemSampler(None, loadgen_pids=loadgen_pids([idle.pid]))
         loop = TickLoop(0.25)
         t0 = loop.start()
         hot.baseline(time.monotonic() - t0)

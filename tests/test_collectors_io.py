@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.cli import main
@@ -360,3 +362,96 @@ def test_harness_sample_stops_when_the_target_exits(tmp_path):
     assert meta["target_exited"] is True and meta["duration_s"] < 30
     rss = read_samples(out)["server"]["series"]["rss_bytes"]
     assert rss and min(rss) > 0  # no zero rows once it is gone
+
+
+HTTP_OK = textwrap.dedent(
+    """
+    import sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+@pytest.mark.slow
+def test_sampler_follows_a_restarted_server_through_its_pid_file(tmp_path):
+    from harness.sut import SutProcess
+
+    script = tmp_path / "srv.py"
+    script.write_text(HTTP_OK)
+    pid_file = tmp_path / "sut.pid"
+    out = tmp_path / "s"
+    with SutProcess([sys.executable, str(script), "{port}"], pid_file=pid_file) as sut:
+        sut.wait_ready(timeout=30)
+        first = sut.pid
+        assert pid_file.read_text().strip() == str(first)
+        sampler = subprocess.Popen(
+            [sys.executable, "-m", "harness", "sample", "--pid-file", str(pid_file), "--out",
+             str(out), "--interval", "0.2", "--duration", "60"],  # fmt: skip
+            cwd=REPO, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (
+                not (out / "process.csv").exists()
+                or (out / "process.csv").read_text().count("\n") < 3
+            ):
+                time.sleep(0.05)
+            sut.kill()
+            sut.restart(ready_timeout=30)
+            second = sut.pid
+            rows_at_restart = (out / "process.csv").read_text().count("\n")
+            # wait for ticks of the restarted server (the sampler finds it via the file)
+            while (
+                time.monotonic() < deadline
+                and (out / "process.csv").read_text().count("\n") < rows_at_restart + 4
+            ):
+                time.sleep(0.05)
+            sampler.send_signal(signal.SIGTERM)
+            _, err = sampler.communicate(timeout=30)
+        finally:
+            if sampler.poll() is None:
+                sampler.kill()
+                sampler.wait()
+    assert sampler.returncode == 0, err
+    meta = json.loads((out / "sampler.json").read_text())
+    assert meta["target_exited"] is False
+    assert [(r["old_pid"], r["pid"]) for r in meta["retargets"]] == [(first, second)]
+    assert meta["pid"] == first and meta["pid_now"] == second
+    t_switch = meta["retargets"][0]["t"]
+    series = read_samples(out)["server"]["series"]
+    assert any(t > t_switch for t in series["t"])  # samples of the restarted server
+    assert min(series["rss_bytes"]) > 0
+
+
+def test_loadgen_pids_exclude_the_sut_tree():
+    from harness.collectors.system import loadgen_pids
+
+    code = textwrap.dedent(
+        """
+        import subprocess, sys, time
+        kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+                for _ in range(2)]
+        print(kids[0].pid, kids[1].pid, flush=True)
+        time.sleep(30)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        sut_pid, worker_pid = map(int, parent.stdout.readline().split())
+        pids = loadgen_pids([parent.pid], exclude=lambda: [sut_pid])()
+        assert parent.pid in pids and worker_pid in pids and sut_pid not in pids
+        assert os.getpid() not in loadgen_pids([os.getpid()])()  # never the sampler itself
+    finally:
+        for c in psutil.Process(parent.pid).children():
+            c.kill()
+        parent.kill()
+        parent.wait()

@@ -18,7 +18,7 @@ from harness.collectors.live import format_live
 from harness.collectors.loop import TickLoop
 from harness.collectors.metrics import DEFAULT_EXCLUDE, DEFAULT_MATCH, MetricsScraper, ScrapeConfig
 from harness.collectors.process import HZ, ProcessSampler
-from harness.collectors.system import SystemSampler, default_loadgen_pids, fixed_pids
+from harness.collectors.system import SystemSampler, loadgen_pids
 from harness.errors import ConfigError, TargetUnavailable
 
 SAMPLER_SCHEMA = "harness.sampler/1"
@@ -26,7 +26,7 @@ SAMPLER_SCHEMA = "harness.sampler/1"
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    pid: int
+    pid: int | None
     out_dir: str
     interval_s: float = 1.0
     duration_s: float | None = None
@@ -38,15 +38,28 @@ class SamplerConfig:
     metrics_exclude: str | None = DEFAULT_EXCLUDE
     loadgen_pids: tuple[int, ...] | None = None  # None: the sampler's parent process tree
     stop_when_target_exits: bool = True
+    # A file holding the SUT's current pid (``SutProcess(pid_file=...)`` rewrites it on every
+    # start): when the watched process is gone, follow the pid in the file (kill+restart).
+    pid_file: str | None = None
 
     def validate(self) -> SamplerConfig:
         if not self.interval_s > 0:
             raise ConfigError(f"--interval has value {self.interval_s}. Valid: seconds > 0")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ConfigError(f"--duration has value {self.duration_s}. Valid: seconds > 0")
-        if self.pid <= 0:
+        if self.pid is None and self.pid_file is None:
+            raise ConfigError("--pid is missing. Valid: --pid PID and/or --pid-file FILE")
+        if self.pid is not None and self.pid <= 0:
             raise ConfigError(f"--pid has value {self.pid}. Valid: a running process id")
         return self
+
+
+def read_pid_file(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 class SamplingSession:
@@ -62,10 +75,18 @@ class SamplingSession:
         live: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config.validate()
-        if not os.path.exists(f"/proc/{config.pid}/stat"):
+        pid = config.pid
+        if pid is None and config.pid_file is not None:
+            pid = read_pid_file(config.pid_file)
+            if pid is None:
+                raise TargetUnavailable(
+                    f"--pid-file {config.pid_file!r} holds no pid. Start the server first"
+                )
+        if not os.path.exists(f"/proc/{pid}/stat"):
             raise TargetUnavailable(
-                f"--pid has value {config.pid}: no such process. Give the pid of the running server"
+                f"--pid has value {pid}: no such process. Give the pid of the running server"
             )
+        self.retargets: list[dict] = []
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.clock, self.wall = clock, wall
@@ -73,16 +94,12 @@ class SamplingSession:
         self.live = live
         self.target_exited = False
         self.process = ProcessSampler(
-            config.pid,
+            pid,
             self.out,
             include_children=config.include_children,
             uss_every_s=config.uss_every_s,
         )
-        lg = (
-            fixed_pids(config.loadgen_pids)
-            if config.loadgen_pids is not None
-            else default_loadgen_pids(exclude=[config.pid])
-        )
+        lg = loadgen_pids(config.loadgen_pids, exclude=lambda: [self.process.pid])
         self.system = SystemSampler(self.out, loadgen_pids=lg)
         self.scraper = None
         if config.metrics_url:
@@ -99,7 +116,7 @@ class SamplingSession:
             )
         self.loop = TickLoop(config.interval_s, clock=clock, wall=wall, stop=self.stop)
         try:
-            self.sut_cores = sorted(os.sched_getaffinity(config.pid))
+            self.sut_cores = sorted(os.sched_getaffinity(pid))
         except OSError:
             self.sut_cores = None
 
@@ -109,7 +126,17 @@ class SamplingSession:
         self.system.sample(t, ts, late)
         if self.live is not None and tick is not None:
             self.live(format_live(tick, self.process.last_threads))
-        if self.config.stop_when_target_exits and self.process.gone:
+        if self.process.gone:
+            self._target_gone(t)
+
+    def _target_gone(self, t: float) -> None:
+        if self.config.pid_file is not None:
+            new = read_pid_file(self.config.pid_file)
+            if new is not None and new != self.process.pid and os.path.exists(f"/proc/{new}"):
+                self.retargets.append({"t": round(t, 4), "old_pid": self.process.pid, "pid": new})
+                self.process.retarget(new)
+            return  # keep ticking: a restarted server writes its new pid there
+        if self.config.stop_when_target_exits:
             self.target_exited = True
             self.stop.set()
 
@@ -138,7 +165,9 @@ class SamplingSession:
         meta = {
             "schema": SAMPLER_SCHEMA,
             "running": running,
-            "pid": self.config.pid,
+            "pid": self.retargets[0]["old_pid"] if self.retargets else self.process.pid,
+            "pid_now": self.process.pid,
+            "retargets": self.retargets,
             "interval_s": self.config.interval_s,
             "config": asdict(self.config),
             "hz": HZ,

@@ -33,48 +33,29 @@ def system_columns(cores: Iterable[int]) -> list[str]:
     return ["t", "ts", "late_s", "cpu_pct", *[f"cpu{c}_pct" for c in cores], "loadgen_cpu_pct"]
 
 
-def default_loadgen_pids(exclude: Iterable[int] = ()) -> Callable[[], list[int]]:
-    """The sampler's parent and its descendants, minus the sampler and ``exclude`` (the SUT).
+def _tree(pid: int) -> list[int]:
+    try:
+        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
 
-    When the Locust master starts ``harness sample`` this is the master and its workers.
+
+def loadgen_pids(
+    roots: Iterable[int] | None = None, exclude: Callable[[], Iterable[int]] = tuple
+) -> Callable[[], list[int]]:
+    """The load generator's processes: ``roots`` and their descendants (default root: the
+    sampler's parent), minus the sampler itself and the process trees of ``exclude()``
+    (the SUT — a Locust master that started the server has it among its children).
     """
-    parent = os.getppid()
+    tops = list(roots) if roots is not None else [os.getppid()]
     me = os.getpid()
-    excluded = set(exclude)
 
     def pids() -> list[int]:
-        try:
-            root = psutil.Process(parent)
-            family = [parent] + [c.pid for c in root.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return []
-        sut_tree: set[int] = set()
-        for p in excluded:
-            try:
-                sut_tree.add(p)
-                sut_tree.update(c.pid for c in psutil.Process(p).children(recursive=True))
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                pass
-        return [p for p in family if p != me and p not in sut_tree]
+        family = [p for r in tops for p in _tree(r)]
+        skip = {me, *(p for s in exclude() for p in _tree(s))}
+        return [p for p in family if p not in skip]
 
     return pids
-
-
-def fixed_pids(pids: Iterable[int]) -> Callable[[], list[int]]:
-    """Given pids and their descendants (``--loadgen-pid``)."""
-    roots = list(pids)
-
-    def expand() -> list[int]:
-        out: list[int] = []
-        for p in roots:
-            try:
-                out.append(p)
-                out.extend(c.pid for c in psutil.Process(p).children(recursive=True))
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                pass
-        return out
-
-    return expand
 
 
 class SystemSampler:
