@@ -23,7 +23,7 @@ def test_merged_worker_histograms_equal_one_histogram() -> None:
         rec = Recording()
         for i, v in enumerate(values):
             rec.scheduled("default", "s1", i / 1000)
-            rec.sent(i / 1000, 10.0)
+            rec.sent("default", "s1", i / 1000, 10.0)
             rec.done("default", "s1", i / 1000, "ok", v)
         master.merge(rec.drain(now_t=1e9, final=True), source=source)
     master.finish()
@@ -46,12 +46,12 @@ def test_counters_balance_and_failed_breakdown() -> None:
     outcomes = ["ok"] * 7 + ["http_503", "timeout", "cross_wired"]
     for i, o in enumerate(outcomes):
         rec.scheduled("high", "s", 0.1 * i)
-        rec.sent(0.1 * i, 5.0)
+        rec.sent("high", "s", 0.1 * i, 5.0)
         rec.done("high", "s", 0.1 * i, o, 1000 + i)
     rec.scheduled("high", "s", 1.5)
     rec.dropped("high", "s", 1.5)
     rec.scheduled("high", "s", 1.6)
-    rec.sent(1.6, 5.0)  # still in flight at the end
+    rec.sent("high", "s", 1.6, 5.0)  # still in flight at the end
     master = Recording()
     master.merge(rec.drain(now_t=2.0, final=True))
     master.finish()
@@ -61,6 +61,9 @@ def test_counters_balance_and_failed_breakdown() -> None:
     assert c["failed"]["http_503"] == 1 and c["failed"]["timeout"] == 1
     assert c["failed"]["cross_wired"] == 1 and c["failed_total"] == 3
     assert c["scheduled"] == c["ok"] + c["failed_total"] + c["dropped"] + c["in_flight"]
+    # per class and per stage too: the request still out belongs to class high, stage s
+    assert master.by_class()["high"]["counters"]["in_flight"] == 1
+    assert master.by_stage()["s"]["high"]["counters"]["in_flight"] == 1
     # only ok latencies in the latency histogram; the rest in error_latency
     assert master.classes["high"].hdr.get_total_count() == 7
     assert master.error_latency.get_total_count() == 3
@@ -75,10 +78,10 @@ def test_windows_ship_once_complete_and_summarise() -> None:
         for w, lat in ((0, 1000), (1, 10_000)):
             t = w + i / 100
             rec.scheduled("c", "s", t)
-            rec.sent(t, 0)
+            rec.sent("c", "s", t, 0)
             rec.done("c", "s", t, "ok", lat)
     rec.scheduled("c", "s", 1.995)
-    rec.sent(1.995, 0)
+    rec.sent("c", "s", 1.995, 0)
     master.merge(rec.drain(now_t=5.0), source="w0")
     # window 0 complete, window 1 still has a request in flight → not yet summarised
     assert [r["t"] for r in master.rows] == [0.0]
@@ -99,13 +102,13 @@ def test_window_waits_for_every_worker() -> None:
     master.expect(["a", "b"])
     a = Recording()
     a.scheduled("c", "s", 0.5)
-    a.sent(0.5, 0)
+    a.sent("c", "s", 0.5, 0)
     a.done("c", "s", 0.5, "ok", 100)
     master.merge(a.drain(now_t=3.0), source="a")
     assert master.rows == []  # b has not shipped window 0 yet
     b = Recording()
     b.scheduled("c", "s", 0.7)
-    b.sent(0.7, 0)
+    b.sent("c", "s", 0.7, 0)
     b.done("c", "s", 0.7, "ok", 300)
     master.merge(b.drain(now_t=3.0), source="b")
     assert len(master.rows) == 1 and master.rows[0]["n"] == 2
@@ -118,7 +121,7 @@ def test_first_requests_capped_across_drains() -> None:
         for i in range(6):
             t = batch + i / 10
             rec.scheduled("c", "s", t)
-            rec.sent(t, 0)
+            rec.sent("c", "s", t, 0)
             rec.done("c", "s", t, "ok", 1000 * (batch + 1))
         master.merge(rec.drain(now_t=batch + 1.0))
     assert master.first.get_total_count() == 10

@@ -54,6 +54,9 @@ def test_headless_run_writes_balanced_results(tmp_path) -> None:
     assert hist(sc["dispatch_lag_hdr"]).get_total_count() == 540 - c["dropped"]
     assert sc["first_requests"]["n"] == 100
     # the sampler watched the server
+    sampler_log = tmp_path / "samples" / "sampler.log"
+    why = sampler_log.read_text() if sampler_log.exists() else "no sampler.log"
+    assert sc["server"] is not None, why
     assert sc["server"]["pid"] == srv.pid and sc["server"]["ticks"] >= 3
     assert sc["check_config"] == {"accounting.balanced": {}}
 

@@ -135,6 +135,8 @@ class HarnessState:
         self.sut_doc: dict[str, Any] = {}
         self.ended_unix: float | None = None
         self.partial = False
+        self.cpu_by_source: dict[str, float] = {}  # load processes' CPU seconds since the plan
+        self._cpu_at_plan = 0.0
 
     @property
     def is_worker(self) -> bool:
@@ -398,6 +400,7 @@ class HarnessState:
             self.scenario = self._load_scenario()
         plan = Plan.from_wire(wire)
         self._final_sent = False
+        self._cpu_at_plan = _cpu_s()
         self.engine = Engine(
             self.scenario,
             plan,
@@ -412,7 +415,9 @@ class HarnessState:
         e = self.engine
         if e is None or e.recording.closed:
             return None
-        return e.recording.drain(e.now())
+        delta = e.recording.drain(e.now())
+        delta["cpu_s"] = _cpu_s() - self._cpu_at_plan
+        return delta
 
     def send_final(self) -> None:
         """Worker: stop scheduling, wait for requests out, send the final delta."""
@@ -430,6 +435,7 @@ class HarnessState:
         if left:
             log.warning("harness: %d requests still in flight after %.1f s", left, grace)
         delta = e.recording.drain(e.now(), final=True)
+        delta["cpu_s"] = _cpu_s() - self._cpu_at_plan
         e.close()
         return delta
 
@@ -439,10 +445,12 @@ class HarnessState:
         delta = data.get("harness")
         if delta and not self.finalized:
             self.aggregate.merge(delta, client_id)
+            self.cpu_by_source[client_id] = float(delta.get("cpu_s") or 0.0)
 
     def on_final(self, client_id: str, delta: dict[str, Any] | None) -> None:
         if delta and not self.finalized:
             self.aggregate.merge(delta, client_id)
+            self.cpu_by_source[client_id] = float(delta.get("cpu_s") or 0.0)
         self.finals.add(client_id)
         if self.finals >= set(self.plan_clients):
             self.finals_event.set()
@@ -467,6 +475,7 @@ class HarnessState:
             delta = self.final_delta()
             if delta:
                 self.aggregate.merge(delta, "local")
+                self.cpu_by_source["local"] = float(delta.get("cpu_s") or 0.0)
         self.finalized = True
         self.ended_unix = time.time()
         for g in self.greenlets:
@@ -525,6 +534,7 @@ class HarnessState:
             error=self.error,
             sut_exit=self.sut_exit,
             workers=self.slots,
+            loadgen_cpu_s=dict(self.cpu_by_source),
         )
         import locust
 
@@ -586,6 +596,12 @@ def fetch_golden(
     finally:
         conn.close()
     return integrity.build_golden(outputs, repeats)
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) this process has used."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _get(url: str) -> tuple[int, bytes]:

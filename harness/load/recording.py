@@ -149,7 +149,9 @@ class Recording:
         self.integrity: Counter[str] = Counter()
         self.examples: list[dict[str, Any]] = []
         self.in_flight_by_window: Counter[int] = Counter()
+        self.in_flight_by_cell: Counter[tuple[str, str]] = Counter()  # (class, stage)
         self.in_flight_final = 0
+        self.in_flight_final_by: Counter[tuple[str, str]] = Counter()
         # master side: summarised window rows and each source's completeness watermark
         self.rows: list[dict[str, Any]] = []
         self._watermarks: dict[str, int] = {}
@@ -185,11 +187,12 @@ class Recording:
         for cell in self._cells(cls, stage, t):
             cell.counts["scheduled"] += 1
 
-    def sent(self, t: float, lag_us: float | None) -> None:
+    def sent(self, cls: str, stage: str, t: float, lag_us: float | None) -> None:
         """The request left for the server; ``lag_us`` is actual − intended send time."""
         if self.closed:
             return
         self.in_flight_by_window[int(t // self.window_s) if t > 0 else 0] += 1
+        self.in_flight_by_cell[(cls, stage)] += 1
         if lag_us is not None:
             self.dispatch_lag.record_value(clamp_us(lag_us))
 
@@ -209,6 +212,12 @@ class Recording:
             self.in_flight_by_window[w] = left
         else:
             self.in_flight_by_window.pop(w, None)
+        key = (cls, stage)
+        left = self.in_flight_by_cell[key] - 1
+        if left > 0:
+            self.in_flight_by_cell[key] = left
+        else:
+            self.in_flight_by_cell.pop(key, None)
         value = clamp_us(latency_us)
         cells = self._cells(cls, stage, t)
         for cell in cells:
@@ -267,6 +276,9 @@ class Recording:
             "integrity": dict(self.integrity),
             "examples": self.examples,
             "in_flight": self.in_flight if final else 0,
+            "in_flight_by": (
+                [[c, s, n] for (c, s), n in self.in_flight_by_cell.items()] if final else []
+            ),
         }
         self.classes = {}
         self.stages = {}
@@ -320,6 +332,8 @@ class Recording:
             if same < MAX_EXAMPLES_PER_KIND:
                 self.examples.append(ex)
         self.in_flight_final += int(delta.get("in_flight") or 0)
+        for cls, stage, n in delta.get("in_flight_by") or []:
+            self.in_flight_final_by[(cls, stage)] += int(n)
         through = delta.get("complete_through")
         self._watermarks[source] = math.inf if through is None else int(through)
         self._summarise(min(self._watermarks.values()))
@@ -370,15 +384,22 @@ class Recording:
         return total
 
     def by_class(self) -> dict[str, Any]:
-        return {
-            cls: {"counters": counters_view(cell.counts), "latency_hdr": encode(cell.hdr)}
-            for cls, cell in sorted(self.classes.items())
-        }
+        out = {}
+        for cls, cell in sorted(self.classes.items()):
+            in_flight = sum(n for (c, _), n in self.in_flight_final_by.items() if c == cls)
+            out[cls] = {
+                "counters": counters_view(cell.counts, in_flight),
+                "latency_hdr": encode(cell.hdr),
+            }
+        return out
 
     def by_stage(self) -> dict[str, Any]:
         return {
             stage: {
-                cls: {"counters": counters_view(cell.counts), "latency_hdr": encode(cell.hdr)}
+                cls: {
+                    "counters": counters_view(cell.counts, self.in_flight_final_by[(cls, stage)]),
+                    "latency_hdr": encode(cell.hdr),
+                }
                 for cls, cell in sorted(d.items())
             }
             for stage, d in self.stages.items()

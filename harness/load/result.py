@@ -94,6 +94,7 @@ def scenario_result(
     error: Mapping[str, Any] | None,
     sut_exit: Mapping[str, Any] | None,
     workers: int,
+    loadgen_cpu_s: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     rec = recording if recording is not None else Recording(window_s=scenario.load.window_s)
     total = rec.totals()
@@ -133,6 +134,13 @@ def scenario_result(
             "seed": scenario.load.seed,
             "workers": workers,
             "scheduled_by_worker": dict(sorted(rec.by_source.items())),
+            # CPU the load processes used from receiving the plan to their last report
+            "cpu_s_by_worker": dict(sorted((loadgen_cpu_s or {}).items())),
+            "cpu_cores_mean": (
+                round(sum((loadgen_cpu_s or {}).values()) / duration_s, 3)
+                if duration_s > 0
+                else None
+            ),
         },
         "stages": stages_view(scenario, capacity_rps),
         "classes": classes_view(scenario),

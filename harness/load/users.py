@@ -186,7 +186,7 @@ class Engine:
         raw = self.payloads.raw(cls, index, rid)
         due = self.origin + t
         start = self.clock()
-        self.recording.sent(t, (start - due) * 1e6)
+        self.recording.sent(cls, stage, t, (start - due) * 1e6)
         outcome, length = self._exchange(raw, index, rid, t)
         end = self.clock()
         latency_ms = (end - due) * 1000.0
@@ -209,7 +209,7 @@ class Engine:
         raw = self.payloads.raw(cls, index, rid)
         rec = self.recording
         rec.scheduled(cls, stage.name, t)
-        rec.sent(t, None)
+        rec.sent(cls, stage.name, t, None)
         start = self.clock()
         try:
             outcome, length = self._exchange(raw, index, rid, t, conn)
