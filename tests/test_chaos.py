@@ -355,3 +355,29 @@ def test_kill_and_restart_records_recovery(tmp_path):
         assert sut.alive()
     with pytest.raises(ConfigError, match="cannot restart it"):
         Timeline([(0.0, "kill", {})], attach(os.getpid())).run()
+
+
+@pytest.mark.slow
+def test_hog_pins_outside_the_harness_own_affinity():
+    # The harness may be pinned to the load generator's cores; hogs go to the SUT's.
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    mine, other = sorted(os.sched_getaffinity(0))[:2]
+    script = (
+        "import os, time; from harness.chaos import CpuHog\n"
+        f"os.sched_setaffinity(0, {{{mine}}})\n"
+        f"h = CpuHog(cores=1, duration_s=5.0, pin=[{other}]); h.apply()\n"
+        "end = time.monotonic() + 10\n"
+        f"while os.sched_getaffinity(h.pids()[0]) != {{{other}}} and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(0.2)\n"
+        "print(sorted(os.sched_getaffinity(h.pids()[0])), flush=True)\n"
+        "h.revert(); print(h.detail['hog_cpu_s'], flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    affinity, cpu = out.stdout.splitlines()
+    assert json.loads(affinity) == [other]
+    assert json.loads(cpu)[0] > 0.0

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any, Protocol
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessError
 
 
 class ChaosTarget(Protocol):
@@ -32,7 +32,7 @@ def target_cores(target: ChaosTarget) -> tuple[int, ...]:
         return tuple(cores)
     try:
         return tuple(sorted(os.sched_getaffinity(target.pid)))
-    except (OSError, ProcessLookupError):
+    except (OSError, HarnessError):  # gone, or not started yet: the cores we may use
         return tuple(sorted(os.sched_getaffinity(0)))
 
 

@@ -86,13 +86,15 @@ class CpuHog(Action):
             raise ConfigError(f"cpu_hog.cores has value {cores!r}. Valid: an integer ≥ 1")
         if not duration_s or duration_s <= 0:
             raise ConfigError(f"cpu_hog.duration_s has value {duration_s!r}. Valid: seconds > 0")
-        allowed = os.sched_getaffinity(0)
+        # Any online core, not just ours: the harness itself may be pinned to the load
+        # generator's cores while the hogs go to the SUT's.
+        allowed = set(range(os.cpu_count() or 1))
         if pin is not None:
             bad = [c for c in pin if c not in allowed]
             if bad or not pin:
                 raise ConfigError(
-                    f"cpu_hog.pin has value {list(pin)!r}. Valid: cores this process may use, "
-                    f"{sorted(allowed)}"
+                    f"cpu_hog.pin has value {list(pin)!r}. Valid: a non-empty list of cores "
+                    f"from {sorted(allowed)}"
                 )
         self.cores = cores
         self.pin = tuple(pin) if pin is not None else None
