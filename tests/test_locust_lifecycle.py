@@ -16,6 +16,7 @@ from tests.locust_helpers import (
     REPO,
     SCENARIOS,
     balanced,
+    hist,
     locust_cmd,
     run_locust,
     scenario_result,
@@ -156,3 +157,32 @@ def _wait_served(url: str, n: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _received(url) < start + n:
         time.sleep(0.2)
+
+
+def test_chaos_pause_is_recorded_and_seen_by_the_open_loop(tmp_path) -> None:
+    with start_server(*SIM) as srv:
+        run = run_locust(
+            "--host",
+            srv.url,
+            "--scenario",
+            str(SCENARIOS / "pause.toml"),
+            "--out",
+            str(tmp_path),
+            "--sut-pid",
+            str(srv.pid),
+            "--no-sample",
+        )
+    assert run.returncode == 0, run.stdout[-3000:]
+    sc = scenario_result(tmp_path)
+    (event,) = sc["chaos"]
+    assert event["action"] == "pause" and event["ok"] is True, event
+    assert event["end_s"] - event["start_s"] >= 0.9
+    assert balanced(sc["counters"])
+    # requests due during the pause waited for it: the worst latency is about the pause,
+    # while the median (most requests) is far below it
+    h = hist(sc["latency_hdr"])
+    assert h.get_max_value() >= 0.7 * 1e6
+    assert h.get_value_at_percentile(50) < 0.2 * h.get_max_value()
+    rows = [r for r in sc["windows"]["rows"] if r["ok"]]
+    worst = max(rows, key=lambda r: r["max_ms"])
+    assert 1.0 <= worst["t"] <= 3.0  # the slow window is the one the pause began in

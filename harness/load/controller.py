@@ -486,6 +486,8 @@ class HarnessState:
         self.aggregate.finish()
         self.partial = self._partial()
         self._write(partial=self.partial, samples=samples)
+        # With the web UI the next "start" prepares a fresh run (new plan, new results).
+        self.prepared = False
 
     def _partial(self) -> bool:
         missing = bool(set(self.plan_clients) - self.finals) if self.is_master else False
