@@ -244,6 +244,20 @@ def test_priority_fails_when_priorities_are_ignored() -> None:
     assert c.value == pytest.approx(0.125)
 
 
+def test_priority_passes_only_with_evidence_of_overload() -> None:
+    # nobody was rejected and the low class was fast: the stage was below capacity
+    sc = priority_result(high_ms=30, high_fail=0, low_fail=0)
+    for cls in sc["by_class"]:
+        sc["by_class"][cls]["latency_hdr"] = hdr([30_000] * sc["by_class"][cls]["counters"]["ok"])
+    skipped(run("priority.high_p99_ms", sc, stage="overload"), "not exercised")
+    skipped(run("priority.high_reject_rate", sc, stage="overload"), "not exercised")
+    # the low class slowed past the SLO instead of being rejected: that is evidence too
+    sc["by_class"]["low"]["latency_hdr"] = hdr([900_000] * 4000)
+    c = run("priority.high_p99_ms", sc, stage="overload")
+    passed(c)
+    assert "other classes' p99" in c.detail
+
+
 def test_priority_skips_without_a_high_class_or_samples() -> None:
     sc = steady_result([5.0] * 100, classes={"default": {"priority": 0, "share": 1.0}})
     skipped(run("priority.high_p99_ms", sc), "no high-priority class")

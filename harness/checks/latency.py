@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from harness.checks.model import Check, Result
 from harness.checks.registry import register
 
 
-def _stage_list(result: Mapping[str, Any], name: str) -> list[str] | None:
+def _stage_list(name: str) -> list[str] | None:
     """``name`` as a one-stage list, or None (= whole run) when empty."""
     return [name] if name else None
 
@@ -122,7 +123,7 @@ def _p99_check(
     summary="p99 latency of successful requests in steady state (early-stopping sample size)",
 )
 def steady_p99(result: Mapping[str, Any], r: Result) -> Check:
-    hist = d.histogram(result, stage_names=_stage_list(result, r.params["stage"]))
+    hist = d.histogram(result, stage_names=_stage_list(r.params["stage"]))
     return _p99_check(
         r,
         hist,
@@ -156,7 +157,7 @@ def _kinds(c: Mapping[str, Any]) -> str:
     summary="failed (and dropped) share of finished requests in steady state",
 )
 def steady_error_rate(result: Mapping[str, Any], r: Result) -> Check:
-    c = d.counters(result, stage_names=_stage_list(result, r.params["stage"]))
+    c = d.counters(result, stage_names=_stage_list(r.params["stage"]))
     if c is None:
         return r.skipped("no request counters were recorded")
     rate, bad, denom = _failure_rate(c, bool(r.params["include_dropped"]))
@@ -196,7 +197,7 @@ def _offered(result: Mapping[str, Any], names: list[str] | None) -> tuple[float,
     summary="ok responses per second vs the offered rate (or an absolute floor)",
 )
 def steady_throughput(result: Mapping[str, Any], r: Result) -> Check:
-    names = _stage_list(result, r.params["stage"])
+    names = _stage_list(r.params["stage"])
     c = d.counters(result, stage_names=names)
     offered = _offered(result, names)
     if c is None:
@@ -226,39 +227,90 @@ def steady_throughput(result: Mapping[str, Any], r: Result) -> Check:
     return r.judged(round(achieved, 3), ok, detail, n=int(c["ok"]), threshold=round(threshold, 3))
 
 
+def _overload_evidence(
+    result: Mapping[str, Any], names: list[str] | None, cls: str, min_reject: float, slo_ms: float
+) -> str | None:
+    """Why we believe the stage was above capacity (None: no sign of it).
+
+    Protection of the high class is only shown when the others paid for it: they were
+    rejected, or their p99 went past the SLO. Without that a pass would be vacuous.
+    """
+    others = [n for n in d.class_names(result) if n != cls]
+    if not others:
+        return None
+    oc = d.counters(result, stage_names=names, classes=others)
+    rate = _failure_rate(oc, True)[0] if oc else None
+    if rate is not None and rate >= min_reject:
+        return f"other classes rejected {rate:.1%}"
+    p99 = percentile_ms(d.histogram(result, stage_names=names, classes=others), 99.0)
+    if p99 is not None and p99 > slo_ms:
+        return f"other classes' p99 {fmt(p99)} ms"
+    return None
+
+
+def _not_exercised(r: Result, cls: str) -> Check:
+    return r.skipped(
+        f"the stage did not overload the server: the classes other than '{cls}' were "
+        f"neither rejected (>= {float(r.params['min_other_reject_rate']):.0%}) nor slow "
+        "— priority protection was not exercised; raise the overload rate"
+    )
+
+
 @register(
     "priority.high_p99_ms",
     unit="ms",
     op="<=",
-    defaults={"threshold": 200.0, "class_name": "", "stage": "", "confidence": 0.99},
+    defaults={
+        "threshold": 200.0,
+        "class_name": "",
+        "stage": "",
+        "confidence": 0.99,
+        "min_other_reject_rate": 0.01,
+    },
     summary="p99 of the high-priority class above capacity",
 )
 def high_p99(result: Mapping[str, Any], r: Result) -> Check:
     cls = r.params["class_name"] or d.high_class(result)
     if cls is None:
         return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
-    hist = d.histogram(result, stage_names=_stage_list(result, r.params["stage"]), classes=[cls])
-    return _p99_check(
+    names = _stage_list(r.params["stage"])
+    hist = d.histogram(result, stage_names=names, classes=[cls])
+    c = _p99_check(
         r,
         hist,
         f"class '{cls}'",
         "the server is not serving high priority first; check its priority queues",
         float(r.params["confidence"]),
     )
+    if c.passed:
+        why = _overload_evidence(
+            result, names, cls, float(r.params["min_other_reject_rate"]), float(r.threshold)
+        )
+        if why is None:
+            return _not_exercised(r, cls)
+        c = dataclasses.replace(c, detail=f"{c.detail}; overloaded: {why}")
+    return c
 
 
 @register(
     "priority.high_reject_rate",
     unit="ratio",
     op="<=",
-    defaults={"threshold": 0.05, "class_name": "", "stage": "", "min_requests": 100},
+    defaults={
+        "threshold": 0.05,
+        "class_name": "",
+        "stage": "",
+        "min_requests": 100,
+        "min_other_reject_rate": 0.01,
+        "slo_ms": 200.0,
+    },
     summary="failed share of high-priority requests above capacity",
 )
 def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
     cls = r.params["class_name"] or d.high_class(result)
     if cls is None:
         return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
-    names = _stage_list(result, r.params["stage"])
+    names = _stage_list(r.params["stage"])
     c = d.counters(result, stage_names=names, classes=[cls])
     if c is None:
         return r.skipped(f"no counters for class '{cls}'")
@@ -281,4 +333,10 @@ def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
         detail += f"; other classes {orate:.2%}"
     if not ok:
         detail += " — shed lower priorities first (per-priority queue bounds)"
+    else:
+        why = _overload_evidence(
+            result, names, cls, float(r.params["min_other_reject_rate"]), float(r.params["slo_ms"])
+        )
+        if why is None:
+            return _not_exercised(r, cls)
     return r.judged(round(rate, 6), ok, detail, n=denom)
