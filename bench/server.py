@@ -48,15 +48,20 @@ CONCURRENCY = (1, 8, 32, 64)
 
 
 def model_throughput(argv: list[str], batch: int, seconds: float) -> float:
+    """Samples/s of the best of several short windows (noise on a shared box only slows)."""
     model = build_model(parse_config(argv))
     x = np.random.default_rng(0).standard_normal((batch, model.input.width), dtype=np.float32)
     for _ in range(3):
         model.predict(x)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        model.predict(x)
-        n += 1
-    return n * batch / (time.perf_counter() - t0)
+    best = 0.0
+    windows = 5
+    for _ in range(windows):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / windows:
+            model.predict(x)
+            n += 1
+        best = max(best, n * batch / (time.perf_counter() - t0))
+    return best
 
 
 # -- fast client ----------------------------------------------------------------------
@@ -220,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     b1 = model_throughput(model_args, 1, 1.5)
     bmax = model_throughput(model_args, cfg.max_batch_size, 1.5)
-    print("## in-process model (one thread)")
+    print("## in-process model (one thread, best of 5 windows)")
     print("| batch | samples/s | cost vs batch 1 |")
     print("|---:|---:|---:|")
     print(f"| 1 | {b1:,.0f} | 1.0x |")
