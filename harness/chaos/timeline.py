@@ -124,6 +124,7 @@ class Timeline:
         self.revert_all("stopped")
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self._disarm()  # the runner thread cannot restore signal handlers; the main thread can
         return self.records
 
     def join(self, timeout: float | None = None) -> bool:
@@ -155,9 +156,11 @@ class Timeline:
         prev = self._prev_handlers.get(signum)
         if callable(prev):
             prev(signum, frame)
+        elif prev == signal.SIG_IGN:
+            return
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
-        elif prev == signal.SIG_DFL:
+        else:
             raise SystemExit(128 + signum)
 
     # -- the schedule ---------------------------------------------------------------------
