@@ -381,3 +381,49 @@ def test_hog_pins_outside_the_harness_own_affinity():
     affinity, cpu = out.stdout.splitlines()
     assert json.loads(affinity) == [other]
     assert json.loads(cpu)[0] > 0.0
+
+
+GEVENT_TIMELINE = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, subprocess, sys, time
+    import gevent
+    from harness.chaos import Timeline
+    from harness.sut import attach
+    sut = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.01)"])
+    beats = []
+    def heartbeat():
+        while True:
+            beats.append(time.monotonic())
+            gevent.sleep(0.01)
+    hb = gevent.spawn(heartbeat)
+    try:
+        tl = Timeline([(0.2, "pause", {"duration_s": 0.5}),
+                       (0.3, "cpu_hog", {"cores": 1, "duration_s": 0.3, "pin": "none"})],
+                      attach(sut.pid), handle_signals=False)
+        tl.start()
+        assert tl.join(20)
+    finally:
+        hb.kill()
+        sut.kill()
+        sut.wait()
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    print(json.dumps({"records": tl.records, "max_gap_s": max(gaps), "beats": len(beats)}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_timeline_runs_inside_a_gevent_patched_process():
+    out = subprocess.run(
+        [sys.executable, "-c", GEVENT_TIMELINE], cwd=REPO, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.splitlines()[-1])
+    recs = res["records"]
+    assert [r["action"] for r in recs] == ["pause", "cpu_hog"] and all(r["ok"] for r in recs)
+    assert recs[0]["end_s"] - recs[0]["start_s"] >= 0.5
+    # the event loop kept running while the timeline waited (no blocking sleep)
+    assert res["beats"] >= 30 and res["max_gap_s"] < 0.5
