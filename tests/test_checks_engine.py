@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ import pytest
 from harness.checks import (
     CHECK_IDS,
     REGISTRY,
+    RUN_COMPLETED,
     Check,
     evaluate,
+    judge_scenario,
     load_checklist,
     resolve_params,
     validity,
@@ -273,3 +276,48 @@ def test_evaluate_on_a_quick_spike_shaped_result() -> None:
     assert [x.id for x in checks] == ["spike.recovery_s", "spike.fail_fast", "accounting.balanced"]
     assert all(x.passed for x in checks), [x.detail for x in checks]
     assert checks[0].value == pytest.approx(3.0, abs=1.01)
+
+
+# --- judge_scenario -----------------------------------------------------------------------
+
+
+def test_judge_scenario_writes_checks_validity_and_verdict() -> None:
+    sc = good_steady()
+    out = judge_scenario(sc)
+    assert out is sc and sc["verdict"] == "pass" and sc["validity"] == []
+    assert [c["id"] for c in sc["checks"]][-1] == "accounting.balanced"
+    assert set(sc["checks"][0]) == {
+        "id",
+        "passed",
+        "value",
+        "threshold",
+        "op",
+        "unit",
+        "n",
+        "detail",
+        "skipped",
+    }
+    json.dumps(sc, allow_nan=False)
+    judge_scenario(sc, {"steady.p99_ms": {"threshold": 1}})  # re-judging replaces
+    assert sc["verdict"] == "fail" and len(sc["checks"]) == 4
+
+
+def test_a_server_that_died_is_a_failed_check_with_the_cause() -> None:
+    sc = good_steady(
+        partial=True,
+        sut_exit={
+            "t_s": 12.5,
+            "exit_code": -9,
+            "cause": "the server under test exited (code -9) during the run",
+        },
+    )
+    judge_scenario(sc)
+    died = sc["checks"][-1]
+    assert died["id"] == RUN_COMPLETED and died["passed"] is False and died["value"] == -9
+    assert "code -9" in died["detail"] and "t=12.5 s" in died["detail"]
+    assert sc["verdict"] == "fail"
+    sc = good_steady(error={"type": "TargetUnavailable", "message": "connection refused"})
+    assert judge_scenario(sc)["verdict"] == "fail"
+    sc = good_steady(error={"type": "InvalidRun", "message": "sampler died"})
+    judge_scenario(sc)
+    assert sc["verdict"] == "invalid" and "sampler died" in sc["validity"][0]

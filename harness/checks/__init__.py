@@ -2,15 +2,23 @@
 
 ``evaluate(result, overrides)`` runs the checks a scenario lists in ``check_config``
 (plus ``accounting.balanced``); ``validity(result)`` lists why a run judges nothing;
-``verdict(checks, validity)`` reduces them to "pass" | "fail" | "invalid". Defaults and
-their reasoning: docs/checks.md.
+``verdict(checks, validity)`` reduces them to "pass" | "fail" | "invalid";
+``judge_scenario(result, overrides)`` does all three and writes them into the result.
+Defaults and their reasoning: docs/checks.md.
 """
 
 from __future__ import annotations
 
 # Importing the check modules registers their checks.
 from harness.checks import correctness, latency, overload, soak  # noqa: F401
-from harness.checks.engine import ValidityParams, evaluate, validity, verdict
+from harness.checks.engine import (
+    RUN_COMPLETED,
+    ValidityParams,
+    evaluate,
+    judge_scenario,
+    validity,
+    verdict,
+)
 from harness.checks.model import Check, CheckSpec
 from harness.checks.registry import REGISTRY, load_checklist, resolve_params
 
@@ -24,10 +32,12 @@ CHECK_IDS: tuple[str, ...] = tuple(
 __all__ = [
     "CHECK_IDS",
     "REGISTRY",
+    "RUN_COMPLETED",
     "Check",
     "CheckSpec",
     "ValidityParams",
     "evaluate",
+    "judge_scenario",
     "load_checklist",
     "resolve_params",
     "validity",

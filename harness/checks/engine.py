@@ -151,3 +151,53 @@ def validity(
             if entry.get("counters"):
                 reasons.append(v.accounting_unbalanced(entry["counters"], f"class '{name}'"))
     return [r for r in reasons if r]
+
+
+RUN_COMPLETED = "run.completed"
+
+
+def _run_problems(sc: Mapping[str, Any]) -> tuple[Check | None, list[str]]:
+    """A failed ``run.completed`` check for a server that died or could not be reached
+    (DESIGN §4.1: a crashed SUT is a failed check, with the cause), and validity reasons
+    for a harness that failed itself."""
+    sut_exit = sc.get("sut_exit")
+    error = sc.get("error") or {}
+    if sut_exit:
+        detail = (
+            f"{sut_exit.get('cause') or 'the server under test exited'} at "
+            f"t={sut_exit.get('t_s')} s; the checks judged the partial results — see the "
+            "server's log tail in results.json"
+        )
+        value = sut_exit.get("exit_code")
+    elif error.get("type") == "TargetUnavailable":
+        detail = f"the server under test was unavailable: {error.get('message')}"
+        value = None
+    elif error:
+        return None, [
+            f"the harness failed ({error.get('type')}: {error.get('message')}); the run "
+            "judges nothing — fix the cause and rerun"
+        ]
+    else:
+        return None, []
+    check = Check(RUN_COMPLETED, False, value, 0, "==", "exit code", None, detail)
+    return check, []
+
+
+def judge_scenario(
+    scenario_result: dict[str, Any], overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Fill ``checks``, ``validity`` and ``verdict`` of one scenario result in place.
+
+    A server that died during the run adds a failed ``run.completed`` check (not a
+    DESIGN §4.3 id: it reports the run, not a property of the server's answers).
+    """
+    checks = evaluate(scenario_result, overrides)
+    reasons = validity(scenario_result, overrides)
+    died, harness_failed = _run_problems(scenario_result)
+    if died is not None:
+        checks.append(died)
+    reasons += harness_failed
+    scenario_result["checks"] = [c.to_dict() for c in checks]
+    scenario_result["validity"] = reasons
+    scenario_result["verdict"] = verdict(checks, reasons)
+    return scenario_result
