@@ -186,3 +186,31 @@ def test_chaos_pause_is_recorded_and_seen_by_the_open_loop(tmp_path) -> None:
     rows = [r for r in sc["windows"]["rows"] if r["ok"]]
     worst = max(rows, key=lambda r: r["max_ms"])
     assert 1.0 <= worst["t"] <= 3.0  # the slow window is the one the pause began in
+
+
+def test_threads_sweep_restarts_the_server_per_stage(tmp_path) -> None:
+    # sim batches cost 20 ms of sleep and hold one request: a thread serves ~50 req/s,
+    # so two threads should serve about twice as much
+    cmd = (
+        f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} --model sim "
+        "--sim-base-ms 20 --sim-item-ms 0 --max-batch-size 1 --workers {threads}"
+    )
+    run = run_locust(
+        "--sut-cmd",
+        cmd,
+        "--scenario",
+        str(SCENARIOS / "linearity.toml"),
+        "--out",
+        str(tmp_path),
+        "--no-sample",
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    sc = scenario_result(tmp_path)
+    assert [s["threads"] for s in sc["stages"]] == [1, 2]
+    assert [s["users"] for s in sc["stages"]] == [2, 4]
+    points = {p["n"]: p["throughput_rps"] for p in sc["linearity"]["points"]}
+    assert set(points) == {1, 2}
+    x1, x2 = points[1][0], points[2][0]
+    assert x1 > 0 and x2 > 1.4 * x1, (x1, x2)
+    assert balanced(sc["counters"])

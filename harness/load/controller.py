@@ -135,6 +135,8 @@ class HarnessState:
         self.sut_doc: dict[str, Any] = {}
         self.ended_unix: float | None = None
         self.partial = False
+        self._restarting = False
+        self.sut_cores_n = 1
         self.cpu_by_source: dict[str, float] = {}  # load processes' CPU seconds since the plan
         self._cpu_at_plan = 0.0
 
@@ -208,7 +210,10 @@ class HarnessState:
                     self.sut_handle.stop()
                 port = _port_of(self.env.host)
                 cores = sut.parse_cores(o.sut_cores) if o.sut_cores else sut.choose_cores().sut
-                self.sut_handle = sut.SutProcess(o.sut_cmd, port=port, cores=cores)
+                # linearity: the first stage's thread count (expanded for these cores)
+                stages = self.scenario.with_cores(len(cores)).stages
+                threads = next((st.threads for st in stages if st.threads), 1)
+                self.sut_handle = sut.SutProcess(o.sut_cmd, port=port, cores=cores, threads=threads)
                 self.sut_handle.start()
                 self.time_to_ready_s = self.sut_handle.wait_ready(timeout=o.ready_timeout_s)
         elif o.sut_pid is not None and self.sut_handle is None:
@@ -218,6 +223,17 @@ class HarnessState:
         o = self.opts
         load = self.scenario.load
         self._start_sut()
+        self.sut_cores_n = len(_cores_of(self.sut_handle) or os.sched_getaffinity(0))
+        self.scenario = self.scenario.with_cores(self.sut_cores_n)
+        if any(st.threads for st in self.scenario.stages):
+            template = o.sut_cmd or ""
+            if "{threads}" not in template:
+                raise ConfigError(
+                    f"scenario {self.scenario.name!r} varies the server's threads per stage; "
+                    f"start the server with --sut-cmd containing {{threads}} (e.g. "
+                    f"--sut-cmd 'python -m reference_server --port {{port}} --workers {{threads}}'), "
+                    f"got --sut-cmd {o.sut_cmd!r}"
+                )
         base = self._base_url()
         status, _ = _get(base + "/v2/health/ready")
         if status != 200:
@@ -279,6 +295,7 @@ class HarnessState:
             "inputs": inputs,
             "golden": integrity.golden_to_wire(golden) if golden is not None else None,
             "options": asdict(self.opts),
+            "sut_cores_n": self.sut_cores_n,
         }
         self._distribute(wire)
         self._start_side_tasks(base)
@@ -339,6 +356,8 @@ class HarnessState:
                 self.timeline.start(t0=t0)
         if self.sut_handle is not None:
             self.greenlets.append(gevent.spawn(self._watch_sut))
+        if any(st.threads for st in self.scenario.stages):
+            self.greenlets.append(gevent.spawn(self._drive_threads))
         self.greenlets.append(gevent.spawn(self._write_periodically))
 
     # -- master / local: during the run --------------------------------------------
@@ -354,7 +373,7 @@ class HarnessState:
         while not self.finalized:
             gevent.sleep(0.5)
             h = self.sut_handle
-            if h is None or h.alive():
+            if h is None or h.alive() or self._restarting:
                 continue
             if restarts:
                 # a kill+restart chaos event is allowed to take the server away for a while
@@ -379,6 +398,32 @@ class HarnessState:
             gevent.spawn(self.env.runner.stop)
             return
 
+    def _drive_threads(self) -> None:
+        """Restart the SUT with each stage's ``{threads}`` as the stage begins."""
+        h = self.sut_handle
+        for st in self.scenario.stages:
+            if not st.threads or st.threads == h.threads:
+                continue
+            delay = st.start_s - self.scenario_time()
+            if delay > 0:
+                gevent.sleep(delay)
+            if self.finalized:
+                return
+            new = sut.SutProcess(self.opts.sut_cmd, port=h.port, cores=h.cores, threads=st.threads)
+            self._restarting = True
+            try:
+                h.stop()
+                new.start()
+                new.wait_ready(timeout=self.opts.ready_timeout_s)
+            except HarnessError as exc:
+                self._record_error(exc)
+                gevent.spawn(self.env.runner.stop)
+                return
+            finally:
+                self.sut_handle = h = new
+                self._restarting = False
+            log.info("harness: stage %s — server restarted with %d threads", st.name, st.threads)
+
     def _write_periodically(self) -> None:
         while not self.finalized:
             gevent.sleep(WRITE_EVERY_S)
@@ -397,7 +442,7 @@ class HarnessState:
             opts = dict(wire["options"])
             opts["inputs"] = tuple(opts["inputs"])
             self.opts = Options(**opts)
-            self.scenario = self._load_scenario()
+            self.scenario = self._load_scenario().with_cores(int(wire.get("sut_cores_n") or 1))
         plan = Plan.from_wire(wire)
         self._final_sent = False
         self._cpu_at_plan = _cpu_s()
@@ -532,7 +577,7 @@ class HarnessState:
             golden_summary=self.golden_summary,
             chaos=chaos + self.chaos_skipped,
             samples=samples,
-            sut_cores=len(self.sut_doc.get("cores") or []) or None,
+            sut_cores=self.sut_cores_n,
             error=self.error,
             sut_exit=self.sut_exit,
             workers=self.slots,

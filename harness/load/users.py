@@ -221,6 +221,9 @@ class Engine:
         rec.done(cls, stage.name, t, outcome, latency_ms * 1000.0)
         if self.fire_request is not None:
             self._fire(cls, latency_ms, length, outcome)
+        if outcome == "connection":
+            # a refused connection returns at once: don't spin while the server is away
+            self.sleep(0.05)
         return True
 
     # -- one exchange, verified ------------------------------------------------------
