@@ -214,3 +214,41 @@ def test_threads_sweep_restarts_the_server_per_stage(tmp_path) -> None:
     x1, x2 = points[1][0], points[2][0]
     assert x1 > 0 and x2 > 1.4 * x1, (x1, x2)
     assert balanced(sc["counters"])
+
+
+def test_bad_input_spec_is_one_line_exit_2_with_results(tmp_path) -> None:
+    with start_server(*SIM) as srv:
+        run = run_locust(
+            "--host",
+            srv.url,
+            "--scenario",
+            str(SCENARIOS / "short_open.toml"),
+            "--out",
+            str(tmp_path),
+            "--no-sample",
+            "--input",
+            "input:FLOAT:1,16",
+        )
+    assert run.returncode == 2, run.stdout[-3000:]
+    lines = [ln for ln in run.stdout.splitlines() if "harness:" in ln and "ERROR" in ln]
+    assert len(lines) == 1 and "--input" in lines[0] and "FP32" in lines[0]
+    assert "Traceback" not in run.stdout
+    sc = scenario_result(tmp_path)
+    assert sc["error"]["type"] == "ConfigError" and sc["partial"] is True
+    assert sc["counters"]["scheduled"] == 0
+
+
+def test_unreachable_target_exits_1(tmp_path) -> None:
+    from tests.server_fixtures import free_port
+
+    run = run_locust(
+        "--host",
+        f"http://127.0.0.1:{free_port()}",
+        "--scenario",
+        str(SCENARIOS / "short_open.toml"),
+        "--out",
+        str(tmp_path),
+        "--no-sample",
+    )
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert scenario_result(tmp_path)["error"]["type"] == "TargetUnavailable"
