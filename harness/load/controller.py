@@ -17,11 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,11 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from harness import results, sut
 from harness.errors import ConfigError, HarnessError, TargetUnavailable
-from harness.load import calibrate, http, integrity, payloads
+from harness.load import calibrate, http, integrity, payloads, target
+from harness.load.options import Options, scenario_for
 from harness.load.recording import Recording
 from harness.load.result import scenario_result
-from harness.load.scenario import Scenario, Stage, load_scenario
+from harness.load.scenario import Scenario, Stage
 from harness.load.users import Engine, Plan
 
 log = logging.getLogger("harness.load")
@@ -42,30 +41,6 @@ log = logging.getLogger("harness.load")
 REPORT_EVERY_S = 3.0  # local runner: how often the engine's recording is merged
 WRITE_EVERY_S = 30.0  # partial results.json while a run is going (a killed soak keeps them)
 PLAN_LEAD_S = 1.0  # t = 0 this far after preparation: time for plans and spawns to land
-
-
-@dataclass(frozen=True)
-class Options:
-    """The plugin's command-line options, validated (see plugin.py for their help)."""
-
-    scenario: str
-    mode: str
-    model: str | None
-    sut_pid: int | None
-    sut_cmd: str | None
-    sut_cores: str | None
-    out: str
-    inputs: tuple[str, ...]
-    sample_request: str | None
-    closed_loop_users: int | None
-    seed: int | None
-    max_in_flight: int | None
-    calibrate_s: float | None
-    capacity_rps: float | None
-    request_timeout_s: float | None
-    ready_timeout_s: float
-    sample: bool
-    verify: bool
 
 
 class HarnessState:
@@ -84,32 +59,7 @@ class HarnessState:
     # -- setup ---------------------------------------------------------------------
 
     def _load_scenario(self) -> Scenario:
-        from dataclasses import replace
-
-        sc = load_scenario(self.opts.scenario, self.opts.mode)  # type: ignore[arg-type]
-        load = sc.load
-        changes: dict[str, Any] = {}
-        if self.opts.seed is not None:
-            changes["seed"] = self.opts.seed
-        if self.opts.max_in_flight is not None:
-            changes["max_in_flight"] = self.opts.max_in_flight
-        if self.opts.calibrate_s is not None:
-            changes["calibration_s"] = self.opts.calibrate_s
-        if self.opts.capacity_rps is not None:
-            changes["capacity_rps"] = self.opts.capacity_rps
-        if self.opts.request_timeout_s is not None:
-            changes["request_timeout_s"] = self.opts.request_timeout_s
-        if not self.opts.verify:
-            changes["verify"] = False
-        if changes:
-            sc = replace(sc, load=replace(load, **changes))
-        if self.opts.closed_loop_users is not None:
-            # --closed-loop N: the same stages, each run closed loop with N users
-            stages = tuple(
-                replace(s, rate=None, users=self.opts.closed_loop_users) for s in sc.stages
-            )
-            sc = replace(sc, stages=stages, load=replace(sc.load, mode="closed"))
-        return sc
+        return scenario_for(self.opts)
 
     def _reset_run(self) -> None:
         self.prepared = False
@@ -208,7 +158,7 @@ class HarnessState:
             ):
                 if self.sut_handle is not None:
                     self.sut_handle.stop()
-                port = _port_of(self.env.host)
+                port = target.port_of(self.env.host)
                 cores = sut.parse_cores(o.sut_cores) if o.sut_cores else sut.choose_cores().sut
                 # linearity: the first stage's thread count (expanded for these cores)
                 stages = self.scenario.with_cores(len(cores)).stages
@@ -223,7 +173,7 @@ class HarnessState:
         o = self.opts
         load = self.scenario.load
         self._start_sut()
-        self.sut_cores_n = len(_cores_of(self.sut_handle) or os.sched_getaffinity(0))
+        self.sut_cores_n = len(target.cores_of(self.sut_handle) or os.sched_getaffinity(0))
         self.scenario = self.scenario.with_cores(self.sut_cores_n)
         if any(st.threads for st in self.scenario.stages):
             template = o.sut_cmd or ""
@@ -235,13 +185,13 @@ class HarnessState:
                     f"got --sut-cmd {o.sut_cmd!r}"
                 )
         base = self._base_url()
-        status, _ = _get(base + "/v2/health/ready")
+        status, _ = target.get(base + "/v2/health/ready")
         if status != 200:
             raise TargetUnavailable(
                 f"{base}/v2/health/ready answered {status or 'nothing'}; start the server "
                 f"or point --host at it"
             )
-        server_meta = _json_or_none(base + "/v2")
+        server_meta = target.json_or_none(base + "/v2")
         model = o.model or (server_meta or {}).get("model")
         if not model:
             raise ConfigError(
@@ -261,7 +211,7 @@ class HarnessState:
         )
         golden = None
         if load.verify:
-            golden = fetch_golden(pool, host, port, load.request_timeout_s)
+            golden = target.fetch_golden(pool, host, port, load.request_timeout_s)
             self.golden_summary = golden.summary()
         self.capacity_rps = load.capacity_rps
         if self.scenario.needs_capacity and self.capacity_rps is None:
@@ -283,7 +233,7 @@ class HarnessState:
             "pid": self._sut_pid(),
             "cmd": getattr(self.sut_handle, "cmd", None),
             "model": model,
-            "cores": _cores_of(self.sut_handle),
+            "cores": target.cores_of(self.sut_handle),
             "config": {"server": server_meta, "model": meta},
         }
         self.origin_unix = time.time() + PLAN_LEAD_S
@@ -334,7 +284,7 @@ class HarnessState:
     def _start_side_tasks(self, base: str) -> None:
         pid = self._sut_pid()
         if pid is not None and self.opts.sample:
-            self.sampler = _start_sampler(pid, self.out_dir / "samples", base + "/metrics")
+            self.sampler = target.start_sampler(pid, self.out_dir / "samples", base + "/metrics")
         if self.scenario.chaos:
             if self.sut_handle is None:
                 self.chaos_skipped = [
@@ -445,7 +395,7 @@ class HarnessState:
             self.scenario = self._load_scenario().with_cores(int(wire.get("sut_cores_n") or 1))
         plan = Plan.from_wire(wire)
         self._final_sent = False
-        self._cpu_at_plan = _cpu_s()
+        self._cpu_at_plan = target.cpu_s()
         self.engine = Engine(
             self.scenario,
             plan,
@@ -461,7 +411,7 @@ class HarnessState:
         if e is None or e.recording.closed:
             return None
         delta = e.recording.drain(e.now())
-        delta["cpu_s"] = _cpu_s() - self._cpu_at_plan
+        delta["cpu_s"] = target.cpu_s() - self._cpu_at_plan
         return delta
 
     def send_final(self) -> None:
@@ -480,7 +430,7 @@ class HarnessState:
         if left:
             log.warning("harness: %d requests still in flight after %.1f s", left, grace)
         delta = e.recording.drain(e.now(), final=True)
-        delta["cpu_s"] = _cpu_s() - self._cpu_at_plan
+        delta["cpu_s"] = target.cpu_s() - self._cpu_at_plan
         e.close()
         return delta
 
@@ -542,24 +492,7 @@ class HarnessState:
 
     def _stop_sampler(self) -> dict[str, Any] | None:
         proc, self.sampler = self.sampler, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        from harness.collectors import read_samples
-
-        try:
-            return read_samples(self.out_dir / "samples")
-        except HarnessError as exc:
-            log.warning("harness: sampler output unreadable: %s", exc)
-            return None
+        return target.stop_sampler(proc, self.out_dir / "samples")
 
     def _write(self, partial: bool, samples: dict[str, Any] | None) -> Path:
         end = self.ended_unix or time.time()
@@ -610,100 +543,3 @@ class HarnessState:
             self.engine.close()
         if isinstance(self.sut_handle, sut.SutProcess):
             self.sut_handle.stop()
-
-
-def fetch_golden(
-    pool: payloads.PayloadPool, host: str, port: int, timeout_s: float
-) -> integrity.Golden:
-    """Send every pool input once, one at a time (batch size 1), and keep the answers."""
-    conn = http.Connection(host, port)
-    cls = pool.class_names[-1]
-    outputs = []
-    try:
-
-        def ask(i: int, n: int) -> tuple[Any, ...]:
-            rid = payloads.make_id(0xFFFE, n)
-            try:
-                status, body = conn.exchange(pool.raw(cls, i, rid), max(timeout_s, 10.0))
-            except (http.RequestTimeout, http.ConnectionFailed) as exc:
-                raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
-            if status != 200:
-                raise TargetUnavailable(
-                    f"golden output for pool input {i}: HTTP {status} {body[:200]!r}; the "
-                    f"server must answer single requests before load starts"
-                )
-            try:
-                return integrity.parse_answer(body)[1]
-            except integrity.BadResponse as exc:
-                raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
-
-        for i in range(len(pool)):
-            outputs.append(ask(i, i))
-        repeats = [(i, ask(i, len(pool) + i)) for i in range(min(8, len(pool)))]
-    finally:
-        conn.close()
-    return integrity.build_golden(outputs, repeats)
-
-
-def _cpu_s() -> float:
-    """CPU seconds (user + system) this process has used."""
-    t = os.times()
-    return t.user + t.system
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        return http.request(url, "GET", timeout=10.0)
-    except (http.RequestTimeout, http.ConnectionFailed):
-        return 0, b""
-
-
-def _json_or_none(url: str) -> dict[str, Any] | None:
-    try:
-        return payloads.fetch_json(url)
-    except TargetUnavailable:
-        return None
-
-
-def _port_of(host: str | None) -> int | None:
-    if not host:
-        return None
-    return http.split_url(host)[1]
-
-
-def _cores_of(handle: Any) -> list[int] | None:
-    if handle is None:
-        return None
-    try:
-        cores = handle.cores
-        return list(cores) if cores is not None else None
-    except (OSError, HarnessError):
-        return None
-
-
-def _start_sampler(pid: int, out: Path, metrics_url: str) -> subprocess.Popen:
-    """``harness sample`` as a subprocess: the sampler never shares our gevent loop."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness",
-        "sample",
-        "--pid",
-        str(pid),
-        "--out",
-        str(out),
-        "--interval",
-        "1",
-        "--metrics-url",
-        metrics_url,
-        "--loadgen-pid",
-        str(os.getpid()),
-    ]
-    log_file = open(out / "sampler.log", "wb")  # noqa: SIM115 (the child holds it)
-    try:
-        return subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-    finally:
-        log_file.close()

@@ -1,0 +1,234 @@
+"""The plugin's command-line options (each with a ``HARNESS_*`` environment variable),
+validated into a frozen ``Options``, and applied to the scenario they select."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from harness.errors import ConfigError
+from harness.load.scenario import Scenario, load_scenario
+
+
+@dataclass(frozen=True)
+class Options:
+    """The plugin's command-line options, validated (see plugin.py for their help)."""
+
+    scenario: str
+    mode: str
+    model: str | None
+    sut_pid: int | None
+    sut_cmd: str | None
+    sut_cores: str | None
+    out: str
+    inputs: tuple[str, ...]
+    sample_request: str | None
+    closed_loop_users: int | None
+    seed: int | None
+    max_in_flight: int | None
+    calibrate_s: float | None
+    capacity_rps: float | None
+    request_timeout_s: float | None
+    ready_timeout_s: float
+    sample: bool
+    verify: bool
+
+
+def add_options(parser: Any) -> None:
+    g = parser.add_argument_group("harness", "Inference load & chaos harness")
+    g.add_argument(
+        "--scenario",
+        default="steady_state",
+        env_var="HARNESS_SCENARIO",
+        help="scenario name (scenarios/NAME.toml) or path to a .toml file",
+    )
+    g.add_argument(
+        "--mode",
+        choices=["quick", "full"],
+        default="quick",
+        env_var="HARNESS_MODE",
+        help="quick (CI) or full variant of the scenario",
+    )
+    g.add_argument(
+        "--quick", dest="mode", action="store_const", const="quick", help="same as --mode quick"
+    )
+    g.add_argument(
+        "--full", dest="mode", action="store_const", const="full", help="same as --mode full"
+    )
+    g.add_argument(
+        "--model",
+        default=None,
+        env_var="HARNESS_MODEL",
+        help="model name on the server (default: the one GET /v2 names)",
+    )
+    g.add_argument(
+        "--sut-pid",
+        type=int,
+        default=None,
+        env_var="HARNESS_SUT_PID",
+        help="pid of the running server: sample it, apply chaos, watch it",
+    )
+    g.add_argument(
+        "--sut-cmd",
+        default=None,
+        env_var="HARNESS_SUT_CMD",
+        help="start this server command ({port}, {threads} filled in); --host is derived",
+    )
+    g.add_argument(
+        "--sut-cores",
+        default=None,
+        env_var="HARNESS_SUT_CORES",
+        help="cores for a --sut-cmd server, e.g. 1 or 0,2-3 (default: half of them)",
+    )
+    g.add_argument(
+        "--out",
+        default="harness-results",
+        env_var="HARNESS_OUT",
+        help="directory for results.json and samples/",
+    )
+    g.add_argument(
+        "--input",
+        dest="harness_input",
+        action="append",
+        default=None,
+        env_var="HARNESS_INPUT",
+        help="NAME:DTYPE:SHAPE of a model input, when the server lists none (repeatable)",
+    )
+    g.add_argument(
+        "--sample-request",
+        default=None,
+        env_var="HARNESS_SAMPLE_REQUEST",
+        help="a V2 inference request JSON file whose inputs are used as the template",
+    )
+    g.add_argument(
+        "--closed-loop",
+        type=int,
+        default=None,
+        env_var="HARNESS_CLOSED_LOOP",
+        metavar="USERS",
+        help="run every stage closed loop with USERS users",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        env_var="HARNESS_SEED",
+        help="override the scenario's seed (arrivals, payloads)",
+    )
+    g.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        env_var="HARNESS_MAX_IN_FLIGHT",
+        help="open loop: in-flight cap over all workers; beyond it requests are dropped",
+    )
+    g.add_argument(
+        "--calibrate-s",
+        type=float,
+        default=None,
+        env_var="HARNESS_CALIBRATE_S",
+        help="length of the capacity probe for relative rates",
+    )
+    g.add_argument(
+        "--capacity-rps",
+        type=float,
+        default=None,
+        env_var="HARNESS_CAPACITY_RPS",
+        help="known capacity in req/s (skips the probe)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        env_var="HARNESS_REQUEST_TIMEOUT",
+        help="client deadline per request in seconds (default: the scenario's)",
+    )
+    g.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=60.0,
+        env_var="HARNESS_READY_TIMEOUT",
+        help="seconds to wait for a --sut-cmd server to become ready",
+    )
+    g.add_argument(
+        "--no-sample",
+        action="store_true",
+        default=False,
+        env_var="HARNESS_NO_SAMPLE",
+        help="do not run the server sampler even when the pid is known",
+    )
+    g.add_argument(
+        "--no-verify",
+        action="store_true",
+        default=False,
+        env_var="HARNESS_NO_VERIFY",
+        help="skip golden outputs and response integrity checks",
+    )
+
+
+def options_from(parsed: Any) -> Options:
+    """Validated Options from Locust's parsed options (a ConfigError names the bad one)."""
+
+    def positive(name: str, value: float | None) -> None:
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{name} has value {value!r}; expected a number > 0")
+
+    positive("max-in-flight", parsed.max_in_flight)
+    positive("calibrate-s", parsed.calibrate_s)
+    positive("capacity-rps", parsed.capacity_rps)
+    positive("request-timeout", parsed.request_timeout)
+    positive("ready-timeout", parsed.ready_timeout)
+    positive("closed-loop", parsed.closed_loop)
+    if parsed.sut_cmd and parsed.sut_pid:
+        raise ConfigError(
+            "--sut-cmd and --sut-pid are both set; start a server or attach to one, not both"
+        )
+    inputs = parsed.harness_input or ()
+    if isinstance(inputs, str):  # from the environment variable: comma-free, space-separated
+        inputs = inputs.split()
+    return Options(
+        scenario=parsed.scenario,
+        mode=parsed.mode or "quick",
+        model=parsed.model,
+        sut_pid=parsed.sut_pid,
+        sut_cmd=parsed.sut_cmd,
+        sut_cores=parsed.sut_cores,
+        out=parsed.out,
+        inputs=tuple(inputs),
+        sample_request=parsed.sample_request,
+        closed_loop_users=parsed.closed_loop,
+        seed=parsed.seed,
+        max_in_flight=parsed.max_in_flight,
+        calibrate_s=parsed.calibrate_s,
+        capacity_rps=parsed.capacity_rps,
+        request_timeout_s=parsed.request_timeout,
+        ready_timeout_s=parsed.ready_timeout,
+        sample=not parsed.no_sample,
+        verify=not parsed.no_verify,
+    )
+
+
+def scenario_for(opts: Options) -> Scenario:
+    """The scenario file in the chosen mode, with the command-line overrides applied."""
+    sc = load_scenario(opts.scenario, opts.mode)  # type: ignore[arg-type]
+    load = sc.load
+    changes: dict[str, Any] = {}
+    if opts.seed is not None:
+        changes["seed"] = opts.seed
+    if opts.max_in_flight is not None:
+        changes["max_in_flight"] = opts.max_in_flight
+    if opts.calibrate_s is not None:
+        changes["calibration_s"] = opts.calibrate_s
+    if opts.capacity_rps is not None:
+        changes["capacity_rps"] = opts.capacity_rps
+    if opts.request_timeout_s is not None:
+        changes["request_timeout_s"] = opts.request_timeout_s
+    if not opts.verify:
+        changes["verify"] = False
+    if changes:
+        sc = replace(sc, load=replace(load, **changes))
+    if opts.closed_loop_users is not None:
+        # --closed-loop N: the same stages, each run closed loop with N users
+        stages = tuple(replace(s, rate=None, users=opts.closed_loop_users) for s in sc.stages)
+        sc = replace(sc, stages=stages, load=replace(sc.load, mode="closed"))
+    return sc
