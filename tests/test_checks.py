@@ -583,3 +583,9 @@ def test_accounting_balanced() -> None:
 def test_non_finite_values_serialise_as_null() -> None:
     c = Check("x", False, math.inf, 1.0, "<=", "s", 1, "d")
     assert c.to_dict()["value"] is None
+
+
+def test_spike_recovery_says_when_the_spike_did_nothing() -> None:
+    c = run("spike.recovery_s", spike_result(20))  # never left the band
+    passed(c)
+    assert c.value == 0.0 and "may not have overloaded" in c.detail

@@ -100,6 +100,8 @@ def _recovery(
     )
     if not ok:
         detail += " — a long tail after overload means a deep queue: bound it and shed early"
+    elif rec.worst_after_ms is not None and rec.worst_after_ms <= rec.band_ms:
+        detail += f"; p99 never left the band: the {event} may not have overloaded the server"
     return r.judged(round(rec.recovery_s, 3), ok, detail, n=rec.windows_after)
 
 
