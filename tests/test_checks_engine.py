@@ -167,6 +167,8 @@ def test_validity_flags_a_saturated_generator() -> None:
     blip[5] = 99.0
     assert validity(good_steady(system={"series": {"t": t, "loadgen_cpu_pct": blip}})) == []
     assert validity(sc, {"validity": {"loadgen_sustain_s": 20}}) == []
+    # two Locust worker processes: 97 % summed is half a core each
+    assert validity({**sc, "load": {"workers": 2}}) == []
 
 
 def test_validity_dispatch_lag_is_relative_to_the_scenarios_slo() -> None:

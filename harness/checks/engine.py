@@ -116,9 +116,15 @@ def validity(
     sys_series = (scenario_result.get("system") or {}).get("series") or {}
     cpu = sys_series.get("loadgen_cpu_pct")
     if cpu and len(sys_series.get("t") or []) == len(cpu):
+        # the series sums the generator's processes (100 = one core); with N Locust
+        # worker processes, saturation is N x the per-process limit
+        workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
         reasons.append(
             v.loadgen_saturated(
-                sys_series["t"], cpu, max_pct=p.loadgen_max_pct, sustain_s=p.loadgen_sustain_s
+                sys_series["t"],
+                cpu,
+                max_pct=p.loadgen_max_pct * workers,
+                sustain_s=p.loadgen_sustain_s,
             )
         )
 
