@@ -244,11 +244,18 @@ class HarnessState:
             "capacity_rps": self.capacity_rps,
             "inputs": inputs,
             "golden": integrity.golden_to_wire(golden) if golden is not None else None,
-            "options": asdict(self.opts),
+            "options": self._options_for_workers(),
             "sut_cores_n": self.sut_cores_n,
         }
         self._distribute(wire)
         self._start_side_tasks(base)
+
+    def _options_for_workers(self) -> dict[str, Any]:
+        opts = asdict(self.opts)
+        path = Path(self.opts.scenario)
+        if path.is_file():  # workers on this machine may run from another directory
+            opts["scenario"] = str(path.resolve())
+        return opts
 
     def _sut_pid(self) -> int | None:
         h = self.sut_handle
@@ -384,6 +391,19 @@ class HarnessState:
     # -- worker / local: the engine --------------------------------------------------
 
     def on_plan(self, wire: dict[str, Any]) -> None:
+        try:
+            self._build_engine(wire)
+        except HarnessError as exc:
+            if not self.is_worker:
+                raise
+            # e.g. the scenario path does not exist on this worker's machine: tell the
+            # master (its results carry the error) instead of idling until a timeout
+            log.error("harness: %s", exc)
+            self._final_sent = True
+            error = {"type": type(exc).__name__, "message": f"worker: {exc}"}
+            self.env.runner.send_message("harness_final", {"error": error})
+
+    def _build_engine(self, wire: dict[str, Any]) -> None:
         if self.engine is not None:
             self.engine.close()
         if self.is_worker:
@@ -443,7 +463,11 @@ class HarnessState:
             self.cpu_by_source[client_id] = float(delta.get("cpu_s") or 0.0)
 
     def on_final(self, client_id: str, delta: dict[str, Any] | None) -> None:
-        if delta and not self.finalized:
+        if delta and delta.get("error") and self.error is None:
+            self.error = dict(delta["error"])
+            self.exit_code = 2 if self.error.get("type") == "ConfigError" else 1
+            gevent.spawn(self.env.runner.stop)
+        elif delta and not self.finalized:
             self.aggregate.merge(delta, client_id)
             self.cpu_by_source[client_id] = float(delta.get("cpu_s") or 0.0)
         self.finals.add(client_id)
