@@ -252,3 +252,30 @@ def test_unreachable_target_exits_1(tmp_path) -> None:
     )
     assert run.returncode == 1, run.stdout[-3000:]
     assert scenario_result(tmp_path)["error"]["type"] == "TargetUnavailable"
+
+
+def test_fresh_server_meets_the_load_cold(tmp_path) -> None:
+    # slow-start: the server's first request pays 2 s of lazy init. The golden fetch would
+    # have paid it; the harness restarts the server so the load's first requests do.
+    cmd = (
+        f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} "
+        + " ".join(SIM)
+        + " --fault slow-start:2"
+    )
+    run = run_locust(
+        "--sut-cmd",
+        cmd,
+        "--scenario",
+        str(SCENARIOS / "cold.toml"),
+        "--out",
+        str(tmp_path),
+        "--no-sample",
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    sc = scenario_result(tmp_path)
+    assert sc["fresh_sut"] is True and sc["time_to_ready_s"] > 0
+    first = hist(sc["first_requests"]["latency_hdr"])
+    steady = hist(sc["by_stage"]["steady"]["default"]["latency_hdr"])
+    assert first.get_max_value() > 10 * steady.get_value_at_percentile(99)
+    assert balanced(sc["counters"])

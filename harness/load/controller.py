@@ -86,6 +86,7 @@ class HarnessState:
         self.ended_unix: float | None = None
         self.partial = False
         self._restarting = False
+        self.fresh_sut = False
         self.sut_cores_n = 1
         self.cpu_by_source: dict[str, float] = {}  # load processes' CPU seconds since the plan
         self._cpu_at_plan = 0.0
@@ -228,6 +229,18 @@ class HarnessState:
             self.calibration = cal.as_dict()
             self.capacity_rps = cal.capacity_rps
             log.info("harness: calibrated capacity %.1f req/s (%d users)", cal.capacity_rps, users)
+        self.fresh_sut = False
+        if load.fresh_sut and isinstance(self.sut_handle, sut.SutProcess):
+            # The golden fetch and the calibration warmed the server up: start it again so
+            # the load meets a cold server, and time that start (same command, port, cores).
+            self.time_to_ready_s = self.sut_handle.restart(ready_timeout=o.ready_timeout_s)
+            self.fresh_sut = True
+        elif load.fresh_sut:
+            log.warning(
+                "harness: scenario %r wants a freshly started server; without --sut-cmd the "
+                "server is already warm (fresh_sut: false in the results)",
+                self.scenario.name,
+            )
         self.sut_doc = {
             "target": base,
             "pid": self._sut_pid(),
@@ -531,6 +544,7 @@ class HarnessState:
             capacity_rps=self.capacity_rps,
             calibration=self.calibration,
             time_to_ready_s=self.time_to_ready_s,
+            fresh_sut=self.fresh_sut,
             golden_summary=self.golden_summary,
             chaos=chaos + self.chaos_skipped,
             samples=samples,

@@ -87,6 +87,7 @@ def scenario_result(
     capacity_rps: float | None,
     calibration: Mapping[str, Any] | None,
     time_to_ready_s: float | None,
+    fresh_sut: bool = False,
     golden_summary: Mapping[str, Any] | None,
     chaos: Sequence[Mapping[str, Any]],
     samples: Mapping[str, Any] | None,
@@ -126,6 +127,8 @@ def scenario_result(
         "calibration": dict(calibration) if calibration else None,
         "check_config": scenario.check_config(),
         "time_to_ready_s": time_to_ready_s,
+        # true when the load met a server started just before it, untouched since
+        "fresh_sut": fresh_sut,
         "load": {
             "mode": scenario.load.mode,
             "arrival": scenario.load.arrival,
