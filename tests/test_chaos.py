@@ -427,3 +427,26 @@ def test_timeline_runs_inside_a_gevent_patched_process():
     assert recs[0]["end_s"] - recs[0]["start_s"] >= 0.5
     # the event loop kept running while the timeline waited (no blocking sleep)
     assert res["beats"] >= 30 and res["max_gap_s"] < 0.5
+
+
+def test_hogs_are_not_counted_as_load_generator_cpu():
+    # The chaos timeline runs in the Locust master, so its hogs are the generator's
+    # children; counting them would make every contention run look generator-saturated.
+    from harness.collectors.system import HOG_COMM, loadgen_pids
+
+    hog = spawn_hog(5.0, None)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # the name is set by the hog's first lines
+            with open(f"/proc/{hog.pid}/comm") as f:
+                if f.read().strip() == HOG_COMM:
+                    break
+        assert hog.pid in [c.pid for c in psutil.Process().children()]
+        pids = loadgen_pids([os.getpid()])()
+        assert other.pid in pids
+        assert hog.pid not in pids
+    finally:
+        for p in (hog, other):
+            p.kill()
+            p.wait()

@@ -19,14 +19,17 @@ from typing import Any
 import psutil
 
 from harness.chaos.base import Action, ChaosTarget, target_cores
+from harness.collectors.system import HOG_COMM
 from harness.errors import ConfigError
 
-# argv: deadline seconds, expected parent pid, core ("-" = not pinned)
+# argv: deadline seconds, expected parent pid, core ("-" = not pinned), process name
 HOG_CODE = """
 import ctypes, os, signal, sys, time
 deadline, parent, core = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 try:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    libc = ctypes.CDLL(None)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    libc.prctl(15, sys.argv[4].encode())  # PR_SET_NAME: not counted as load generator CPU
 except Exception:
     pass
 if os.getppid() != parent:  # the parent died before prctl took effect
@@ -61,6 +64,7 @@ def spawn_hog(seconds: float, core: int | None) -> subprocess.Popen:
             str(seconds),
             str(os.getpid()),
             "-" if core is None else str(core),
+            HOG_COMM,
         ],  # fmt: skip
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -40,12 +40,26 @@ def _tree(pid: int) -> list[int]:
         return []
 
 
+# The process name CPU hogs give themselves: they are children of the load generator
+# (the chaos timeline runs in the Locust master) but their CPU is the chaos, not the load.
+HOG_COMM = "harness-hog"
+
+
+def _is_hog(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == HOG_COMM
+    except OSError:
+        return False
+
+
 def loadgen_pids(
     roots: Iterable[int] | None = None, exclude: Callable[[], Iterable[int]] = tuple
 ) -> Callable[[], list[int]]:
     """The load generator's processes: ``roots`` and their descendants (default root: the
     sampler's parent), minus the sampler itself and the process trees of ``exclude()``
-    (the SUT — a Locust master that started the server has it among its children).
+    (the SUT — a Locust master that started the server has it among its children) and
+    the CPU hogs of the chaos timeline.
     """
     tops = list(roots) if roots is not None else [os.getppid()]
     me = os.getpid()
@@ -53,7 +67,7 @@ def loadgen_pids(
     def pids() -> list[int]:
         family = [p for r in tops for p in _tree(r)]
         skip = {me, *(p for s in exclude() for p in _tree(s))}
-        return [p for p in family if p not in skip]
+        return [p for p in family if p not in skip and not _is_hog(p)]
 
     return pids
 
