@@ -22,15 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import locustfiles
-from harness.errors import ConfigError, HarnessError, InvalidRun, ResultFormatError
-from harness.results import (
-    combine_verdicts,
-    load_document,
-    machine_metadata,
-    merge_documents,
-    new_document,
-    write_document,
-)
+from harness.errors import ConfigError, HarnessError, ResultFormatError
+from harness.finish import finish
+from harness.results import load_document, machine_metadata, merge_documents, new_document
 
 # The order of the delivery checklist: cheap, fresh-server scenarios first so a broken
 # server fails fast; the soak last, where a partial report is still worth having.
@@ -280,6 +274,7 @@ def _failed_scenario(run: ScenarioRun) -> dict[str, Any]:
     return {
         "name": Path(run.name).stem,
         "partial": True,
+        "no_results": True,
         "verdict": "fail",
         "checks": [
             {
@@ -297,32 +292,8 @@ def _failed_scenario(run: ScenarioRun) -> dict[str, Any]:
     }
 
 
-def judge(doc: dict[str, Any], checklist: Path | None) -> dict[str, Any]:
-    """(Re)evaluate every scenario's checks with the checklist's overrides."""
-    from harness.checks import judge_scenario, load_checklist
-
-    overrides = load_checklist(checklist) if checklist is not None else None
-    for sc in doc["scenarios"]:
-        if sc.get("checks") and any(c.get("id") == "run.completed" for c in sc["checks"]):
-            continue
-        judge_scenario(sc, overrides)
-    doc["verdict"] = combine_verdicts(sc.get("verdict") for sc in doc["scenarios"])
-    return doc
-
-
-def exit_code_for(doc: Mapping[str, Any]) -> int:
-    verdict = doc.get("verdict")
-    if verdict == "pass":
-        return 0
-    if verdict == "invalid":
-        return InvalidRun.exit_code
-    return 1
-
-
 def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     """Run every scenario of ``plan`` in order, then merge, judge and render."""
-    from harness.report import render_all
-
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[ScenarioRun] = []
     with _Interrupt() as interrupt:
@@ -345,16 +316,11 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     for run in runs:
         if run.document is None and Path(run.name).stem not in by_name:
             doc["scenarios"].append(_failed_scenario(run))
-    doc = judge(doc, plan.checklist)
     interrupted = any(r.interrupted for r in runs) or len(runs) < len(plan.scenarios)
     if interrupted:
         doc["partial"] = True
-        doc["not_run"] = [s for s in plan.scenarios[len(runs) :]]
-    write_document(plan.out_dir / "results.json", doc)
-    render_all(doc, plan.out_dir)
-    code = exit_code_for(doc)
-    if interrupted and code == 0:
-        code = 1  # an interrupted checklist is not a pass
+        doc["not_run"] = list(plan.scenarios[len(runs) :])
+    doc, code = finish(plan.out_dir, plan.checklist, doc=doc)
     return Outcome(document=doc, exit_code=code, runs=tuple(runs))
 
 

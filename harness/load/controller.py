@@ -15,6 +15,7 @@ never averages percentiles.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -40,7 +41,9 @@ log = logging.getLogger("harness.load")
 
 REPORT_EVERY_S = 3.0  # local runner: how often the engine's recording is merged
 WRITE_EVERY_S = 30.0  # partial results.json while a run is going (a killed soak keeps them)
-PLAN_LEAD_S = 1.0  # t = 0 this far after preparation: time for plans and spawns to land
+PLAN_LEAD_S = 1.0
+PROGRESS_EVERY_S = 1.0  # --out/progress.json, read by `harness acceptance` for its live line
+PROGRESS_SPAN_S = 5.0  # the live req/s and p99 cover the last this many seconds  # t = 0 this far after preparation: time for plans and spawns to land
 
 
 class HarnessState:
@@ -85,6 +88,7 @@ class HarnessState:
         self.sut_doc: dict[str, Any] = {}
         self.ended_unix: float | None = None
         self.partial = False
+        self.written = False  # the final results.json of this run is on disk
         self._restarting = False
         self.fresh_sut = False
         self.sut_cores_n = 1
@@ -164,7 +168,14 @@ class HarnessState:
                 # linearity: the first stage's thread count (expanded for these cores)
                 stages = self.scenario.with_cores(len(cores)).stages
                 threads = next((st.threads for st in stages if st.threads), 1)
-                self.sut_handle = sut.SutProcess(o.sut_cmd, port=port, cores=cores, threads=threads)
+                self.sut_handle = sut.SutProcess(
+                    o.sut_cmd,
+                    port=port,
+                    cores=cores,
+                    threads=threads,
+                    log_path=self.out_dir / "sut.log",
+                    pid_file=self._pid_file(),
+                )
                 self.sut_handle.start()
                 self.time_to_ready_s = self.sut_handle.wait_ready(timeout=o.ready_timeout_s)
         elif o.sut_pid is not None and self.sut_handle is None:
@@ -270,6 +281,11 @@ class HarnessState:
             opts["scenario"] = str(path.resolve())
         return opts
 
+    def _pid_file(self) -> Path:
+        path = self.out_dir / "samples" / "sut.pid"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def _sut_pid(self) -> int | None:
         h = self.sut_handle
         if h is None:
@@ -304,7 +320,12 @@ class HarnessState:
     def _start_side_tasks(self, base: str) -> None:
         pid = self._sut_pid()
         if pid is not None and self.opts.sample:
-            self.sampler = target.start_sampler(pid, self.out_dir / "samples", base + "/metrics")
+            # A server the harness started may be restarted (kill chaos, thread sweeps):
+            # the sampler follows the pid file SutProcess rewrites on every start.
+            pid_file = getattr(self.sut_handle, "pid_file", None)
+            self.sampler = target.start_sampler(
+                pid, self.out_dir / "samples", base + "/metrics", pid_file=pid_file
+            )
         if self.scenario.chaos:
             if self.sut_handle is None:
                 self.chaos_skipped = [
@@ -329,6 +350,7 @@ class HarnessState:
         if any(st.threads for st in self.scenario.stages):
             self.greenlets.append(gevent.spawn(self._drive_threads))
         self.greenlets.append(gevent.spawn(self._write_periodically))
+        self.greenlets.append(gevent.spawn(self._write_progress))
 
     # -- master / local: during the run --------------------------------------------
 
@@ -379,7 +401,14 @@ class HarnessState:
                 gevent.sleep(delay)
             if self.finalized:
                 return
-            new = sut.SutProcess(self.opts.sut_cmd, port=h.port, cores=h.cores, threads=st.threads)
+            new = sut.SutProcess(
+                self.opts.sut_cmd,
+                port=h.port,
+                cores=h.cores,
+                threads=st.threads,
+                log_path=self.out_dir / "sut.log",
+                pid_file=self._pid_file(),
+            )
             self._restarting = True
             try:
                 h.stop()
@@ -400,6 +429,38 @@ class HarnessState:
             if not self.finalized:
                 with contextlib.suppress(Exception):
                     self._write(partial=True, samples=None)
+
+    def progress(self) -> dict[str, Any]:
+        """A live line's worth: elapsed/total, the current stage, recent req/s, p99, errors."""
+        t = self.scenario_time()
+        stage = self.scenario.stage_at(min(max(t, 0.0), self.scenario.duration_s - 1e-9))
+        rows = self.aggregate.rows[-40:]
+        last_t = max((r["t"] for r in rows), default=None)
+        recent = [r for r in rows if last_t is not None and r["t"] > last_t - PROGRESS_SPAN_S]
+        span = len({r["t"] for r in recent}) * self.aggregate.window_s if recent else None
+        counts = self.aggregate.totals().counts
+        return {
+            "scenario": self.scenario.name,
+            "elapsed_s": round(t, 1),
+            "total_s": round(self.scenario.duration_s, 1),
+            "stage": stage.name if stage else None,
+            "rps": round(sum(r["ok"] for r in recent) / span, 1) if span else None,
+            "p99_ms": max((r["p99_ms"] or 0.0 for r in recent), default=None),
+            "ok": int(counts.get("ok", 0)),
+            "errors": int(
+                sum(v for k, v in counts.items() if k not in ("ok", "scheduled", "dropped"))
+            ),
+            "dropped": int(counts.get("dropped", 0)),
+        }
+
+    def _write_progress(self) -> None:
+        path = self.out_dir / "progress.json"
+        while not self.finalized:
+            gevent.sleep(PROGRESS_EVERY_S)
+            with contextlib.suppress(OSError, ValueError):
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(json.dumps(self.progress()))
+                os.replace(tmp, path)
 
     # -- worker / local: the engine --------------------------------------------------
 
@@ -518,6 +579,7 @@ class HarnessState:
         self.aggregate.finish()
         self.partial = self._partial()
         self._write(partial=self.partial, samples=samples)
+        self.written = True
         # With the web UI the next "start" prepares a fresh run (new plan, new results).
         self.prepared = False
 

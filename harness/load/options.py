@@ -32,6 +32,8 @@ class Options:
     ready_timeout_s: float
     sample: bool
     verify: bool
+    duration_s: float | None = None
+    checklist: str | None = None
 
 
 def add_options(parser: Any) -> None:
@@ -158,6 +160,19 @@ def add_options(parser: Any) -> None:
         help="do not run the server sampler even when the pid is known",
     )
     g.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        env_var="HARNESS_DURATION",
+        help="stretch or shrink the scenario's stages to this many seconds in all",
+    )
+    g.add_argument(
+        "--checklist",
+        default=None,
+        env_var="HARNESS_CHECKLIST",
+        help="TOML file overriding check thresholds (see docs/checks.md)",
+    )
+    g.add_argument(
         "--no-verify",
         action="store_true",
         default=False,
@@ -179,6 +194,7 @@ def options_from(parsed: Any) -> Options:
     positive("request-timeout", parsed.request_timeout)
     positive("ready-timeout", parsed.ready_timeout)
     positive("closed-loop", parsed.closed_loop)
+    positive("duration", parsed.duration)
     if parsed.sut_cmd and parsed.sut_pid:
         raise ConfigError(
             "--sut-cmd and --sut-pid are both set; start a server or attach to one, not both"
@@ -205,12 +221,16 @@ def options_from(parsed: Any) -> Options:
         ready_timeout_s=parsed.ready_timeout,
         sample=not parsed.no_sample,
         verify=not parsed.no_verify,
+        duration_s=parsed.duration,
+        checklist=parsed.checklist,
     )
 
 
 def scenario_for(opts: Options) -> Scenario:
     """The scenario file in the chosen mode, with the command-line overrides applied."""
     sc = load_scenario(opts.scenario, opts.mode)  # type: ignore[arg-type]
+    if opts.duration_s is not None:
+        sc = sc.with_duration(opts.duration_s)
     load = sc.load
     changes: dict[str, Any] = {}
     if opts.seed is not None:

@@ -21,7 +21,8 @@ from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
+from harness.finish import finish
 from harness.load.controller import HarnessState
 from harness.load.options import add_options, options_from
 from harness.load.shape import ScenarioShape
@@ -121,14 +122,30 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         # results (marked partial) are written before the exit code is chosen.
         runner.stop()
         state.finalize()
-    if state.exit_code is not None:
-        environment.process_exit_code = state.exit_code
-    elif state.finalized and state.partial:
-        environment.process_exit_code = 3  # interrupted: the partial results judge nothing
-    elif state.finalized:
-        # The verdict belongs to harness.checks (not wired yet): a run that completed and
-        # wrote its results is not a failure because some requests failed.
-        environment.process_exit_code = 0
+    if state.exit_code == ConfigError.exit_code or not state.written:
+        # a usage error (already logged as one line), or nothing was measured
+        environment.process_exit_code = state.exit_code if state.exit_code is not None else 3
+        return
+    try:
+        # The same judging as `harness acceptance`: checks, validity, reports, exit code.
+        doc, code = finish(state.out_dir, state.opts.checklist)
+    except HarnessError as exc:
+        log.error("harness: %s", exc)
+        environment.process_exit_code = exc.exit_code
+        return
+    for sc in doc["scenarios"]:
+        for c in sc.get("checks") or []:
+            if c.get("passed") is False:
+                log.warning("harness: FAIL %s: %s", c["id"], c.get("detail"))
+        if sc.get("validity"):
+            log.warning("harness: INVALID run: %s", "; ".join(sc["validity"]))
+    log.warning(
+        "harness: verdict %s (exit %d) — %s",
+        doc.get("verdict"),
+        code,
+        state.out_dir / "report.html",
+    )
+    environment.process_exit_code = code
 
 
 @events.quit.add_listener

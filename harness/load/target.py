@@ -89,7 +89,9 @@ def cores_of(handle: Any) -> list[int] | None:
         return None
 
 
-def start_sampler(pid: int, out: Path, metrics_url: str) -> subprocess.Popen:
+def start_sampler(
+    pid: int, out: Path, metrics_url: str, pid_file: Path | None = None
+) -> subprocess.Popen:
     """``harness sample`` as a subprocess: the sampler never shares our gevent loop."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -108,6 +110,8 @@ def start_sampler(pid: int, out: Path, metrics_url: str) -> subprocess.Popen:
         "--loadgen-pid",
         str(os.getpid()),
     ]
+    if pid_file is not None:
+        cmd += ["--pid-file", str(pid_file)]
     log_file = open(out / "sampler.log", "wb")  # noqa: SIM115 (the child holds it)
     try:
         return subprocess.Popen(

@@ -1,0 +1,56 @@
+"""The end of every run: judge the results document, write the reports, pick the exit code.
+
+Used by the Locust plugin at the end of a plain ``locust -f`` run and by ``harness
+acceptance`` / ``harness run`` on the merged document, so both give the same verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InvalidRun
+from harness.results import combine_verdicts, load_document, write_document
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_INVALID = InvalidRun.exit_code
+
+
+def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str, Any]:
+    """(Re)evaluate every scenario's checks, with the checklist's overrides, in place."""
+    from harness.checks import judge_scenario, load_checklist
+
+    overrides = load_checklist(checklist) if checklist is not None else None
+    for sc in doc["scenarios"]:
+        if sc.get("no_results"):  # a scenario whose run wrote nothing: its failure stands
+            continue
+        judge_scenario(sc, overrides)
+    doc["verdict"] = combine_verdicts(sc.get("verdict") for sc in doc["scenarios"])
+    return doc
+
+
+def exit_code_for(doc: Mapping[str, Any]) -> int:
+    """0 pass · 1 a check failed · 3 invalid, or interrupted before anything failed."""
+    verdict = doc.get("verdict")
+    if verdict == "fail":
+        return EXIT_FAIL
+    if verdict == "invalid" or doc.get("partial"):
+        return EXIT_INVALID
+    return EXIT_PASS if verdict == "pass" else EXIT_INVALID
+
+
+def finish(
+    out_dir: str | Path, checklist: str | Path | None = None, doc: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], int]:
+    """Judge ``out_dir/results.json`` (or ``doc``), rewrite it, render the reports."""
+    from harness.report import render_all
+
+    out = Path(out_dir)
+    if doc is None:
+        doc = load_document(out / "results.json")
+    judge(doc, checklist)
+    write_document(out / "results.json", doc)
+    render_all(doc, out)
+    return doc, exit_code_for(doc)
