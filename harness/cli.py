@@ -14,8 +14,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -131,9 +132,244 @@ class _stop_on_signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
+# --- harness acceptance / run -------------------------------------------------------------
+
+
+def _add_target_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "target",
+        "default: start the bundled reference server on a free loopback port",
+    )
+    g.add_argument(
+        "--sut-cmd",
+        default=None,
+        help="start this server; {port} (and {threads}) are filled in, e.g. "
+        '"tritonserver --model-repository /models --http-port {port}"',
+    )
+    g.add_argument("--target", default=None, metavar="URL", help="attach to a running server")
+    g.add_argument(
+        "--sut-pid", type=int, default=None, help="its pid, for server-side checks and chaos"
+    )
+    g.add_argument(
+        "--model", default=None, help="model name on the server (V2 protocol); default: its own"
+    )
+    g.add_argument("--sut-cores", default=None, help="cores for a started server, e.g. 1 or 0-1")
+    p.add_argument("--out", default=None, help="output directory (default: harness-results/NAME)")
+    p.add_argument("--checklist", default=None, help="TOML overriding check thresholds")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick",
+        dest="mode",
+        action="store_const",
+        const="quick",
+        help="the CI variant of each scenario (default)",
+    )
+    mode.add_argument(
+        "--full",
+        dest="mode",
+        action="store_const",
+        const="full",
+        help="the pre-release variant (1 h soak, longer stages)",
+    )
+    p.set_defaults(mode="quick")
+    p.add_argument(
+        "--locust-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument passed to each locust run (repeatable), e.g. --locust-arg=--capacity-rps=400",
+    )
+
+
+def _add_acceptance(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "acceptance",
+        help="run the whole delivery checklist (CI gate: exit code, junit.xml, summary.md)",
+        description="Run every checklist scenario as a headless Locust run against the target, "
+        "then judge and report. Exit 0 pass, 1 a check failed, 2 usage error, 3 invalid run.",
+    )
+    _add_target_options(p)
+    p.add_argument(
+        "--scenarios",
+        default=None,
+        help="comma-separated subset of the checklist to run (default: all of it)",
+    )
+    p.set_defaults(handler=_run_acceptance)
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run one scenario (a name from scenarios/ or a .toml path)",
+        description="Run one scenario as a headless Locust run, then judge and report.",
+    )
+    p.add_argument("scenario", help="e.g. spike, or path/to/my_scenario.toml")
+    p.add_argument(
+        "--duration", type=_positive_float, default=None, help="total seconds (stages scaled)"
+    )
+    _add_target_options(p)
+    p.set_defaults(handler=_run_run)
+
+
+def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) -> Any:
+    from pathlib import Path
+
+    from harness.acceptance import Plan, Target, default_sut_cmd, resolve_scenarios
+
+    if args.target is None and args.sut_pid is not None:
+        raise ConfigError("--sut-pid needs --target URL (the server's address)")
+    sut_cmd = args.sut_cmd
+    if sut_cmd is None and args.target is None:
+        sut_cmd = default_sut_cmd()
+    target = Target(sut_cmd=sut_cmd, url=args.target, sut_pid=args.sut_pid, model=args.model)
+    if args.checklist is not None:
+        from harness.checks import load_checklist
+
+        load_checklist(args.checklist)  # a bad checklist fails before any load runs
+    extra = list(args.locust_arg)
+    if args.sut_cores:
+        extra += ["--sut-cores", args.sut_cores]
+    return Plan(
+        scenarios=resolve_scenarios(scenarios),
+        mode=args.mode,
+        out_dir=Path(args.out or default_out),
+        target=target,
+        checklist=Path(args.checklist) if args.checklist else None,
+        duration_s=getattr(args, "duration", None),
+        extra_args=tuple(extra),
+    )
+
+
+def _execute(plan: Any) -> int:
+    from harness.acceptance import run_plan
+
+    live = _LiveLine(sys.stderr)
+    outcome = run_plan(plan, show=live.show)
+    live.done()
+    doc = outcome.document
+    verdict = (doc.get("verdict") or "unjudged").upper()
+    if doc.get("partial"):
+        verdict += " (partial)"
+    print(
+        f"{verdict}: {plan.out_dir / 'summary.md'} · {plan.out_dir / 'report.html'} · "
+        f"exit {outcome.exit_code}"
+    )
+    return outcome.exit_code
+
+
+def _run_acceptance(args: argparse.Namespace) -> int:
+    from harness.acceptance import CHECKLIST
+
+    names = CHECKLIST
+    if args.scenarios:
+        names = tuple(n.strip() for n in args.scenarios.split(",") if n.strip())
+        unknown = [n for n in names if n not in CHECKLIST]
+        if unknown:
+            raise ConfigError(
+                f"--scenarios has {', '.join(unknown)!s}, not in the checklist. "
+                f"Valid: {', '.join(CHECKLIST)} (use `harness run FILE` for your own)"
+            )
+    return _execute(_plan(args, names, "harness-results/acceptance"))
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    return _execute(_plan(args, [args.scenario], f"harness-results/{Path(args.scenario).stem}"))
+
+
+class _LiveLine:
+    """One progress line rewritten in place on a terminal; plain lines otherwise (CI logs)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last = ""
+        self.last_plain = 0.0
+
+    def show(self, text: str) -> None:
+        import time
+
+        if "\n" in text or text.startswith("  "):  # a scenario's summary: keep it
+            self.done()
+            print(text, file=self.stream, flush=True)
+            return
+        if self.tty:
+            pad = max(0, len(self.last) - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self.stream.flush()
+            self.last = text
+        elif time.monotonic() - self.last_plain >= 10.0:  # CI logs: every 10 s
+            print(text, file=self.stream, flush=True)
+            self.last_plain = time.monotonic()
+
+    def done(self) -> None:
+        if self.tty and self.last:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.last = ""
+
+
+# --- harness report / compare -----------------------------------------------------------
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="re-render report.html, junit.xml and summary.md from DIR/results.json",
+    )
+    p.add_argument("dir", help="a directory holding results.json")
+    p.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from harness.finish import exit_code_for
+    from harness.report import render_dir
+    from harness.results import load_document
+
+    written = render_dir(args.dir)
+    for path in written.values():
+        print(path)
+    from pathlib import Path
+
+    return exit_code_for(load_document(Path(args.dir) / "results.json"))
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="regression verdict between two runs (exit 1 if NEW regressed)",
+    )
+    p.add_argument("base", help="results directory of the baseline run")
+    p.add_argument("new", help="results directory of the new run")
+    p.add_argument(
+        "--force", action="store_true", help="compare even if the machines' metadata differ"
+    )
+    p.add_argument("--markdown", default=None, help="also write the comparison table here")
+    p.set_defaults(handler=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness.report.compare import compare_dirs
+
+    comparison = compare_dirs(args.base, args.new, force=args.force)
+    print(comparison.to_text(), end="")
+    if args.markdown:
+        Path(args.markdown).write_text(comparison.to_markdown())
+    return {"regressed": EXIT_FAILED, "invalid": EXIT_INVALID}.get(comparison.verdict, EXIT_OK)
+
+
 # --- entry point ------------------------------------------------------------------------
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_sample,)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_acceptance,
+    _add_run,
+    _add_sample,
+    _add_report,
+    _add_compare,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except HarnessError as e:
-        print(f"harness: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"harness: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)

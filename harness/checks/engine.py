@@ -205,5 +205,7 @@ def judge_scenario(
     reasons += harness_failed
     scenario_result["checks"] = [c.to_dict() for c in checks]
     scenario_result["validity"] = reasons
-    scenario_result["verdict"] = verdict(checks, reasons)
+    # A server that died is a failure of the server (DESIGN §4.1), whatever else went
+    # wrong with the measurement after it was gone.
+    scenario_result["verdict"] = "fail" if died is not None else verdict(checks, reasons)
     return scenario_result
