@@ -55,7 +55,7 @@ class ServerState:
         self.clock = clock
         self.model: Model = build_model(config)
         self.metrics = Metrics(config.priority_levels, config.max_batch_size)
-        self.faults = FaultRuntime(config.faults)
+        self.faults = FaultRuntime(config.faults, now=clock, seed=config.seed)
         f = config.faults
         self.batcher = Batcher(
             self.model.predict,
@@ -73,6 +73,7 @@ class ServerState:
             ),
             clock=clock,
             observer=self.metrics,
+            after_batch=self.faults.after_batch if f.stale_output_p is not None else None,
         )
         self.ready = False
         self.draining = False
@@ -86,6 +87,8 @@ class ServerState:
     def set_ready(self, ready: bool) -> None:
         self.ready = ready and not self.draining
         self.metrics.ready.set(1 if self.ready else 0)
+        if self.ready:
+            self.faults.mark_ready()  # late-leak counts from here
 
     def warmup(self) -> None:
         """Run the model at batch 1 and at max batch, then become ready (worker thread)."""

@@ -163,8 +163,11 @@ class Batcher:
         config: BatcherConfig,
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
+        after_batch: Callable[[list[np.ndarray]], None] | None = None,
     ) -> None:
         self._run = run
+        # Fault hook (stale-output): may replace per-request outputs before they are answered.
+        self._after_batch = after_batch
         self.config = config
         self._clock = clock
         self._obs: BatchObserver = observer or NullObserver()
@@ -351,6 +354,8 @@ class Batcher:
             outputs.append(y[start : start + item.n])
             start += item.n
         self._maybe_cross_wire(batch, outputs)
+        if self._after_batch is not None:
+            self._after_batch(outputs)
         for item, out in zip(batch, outputs, strict=True):
             if item.future is not None and not item.future.done():
                 item.future.set_result(out)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from reference_server.errors import ConfigError
-from reference_server.faults import FaultSet, parse_faults
+from reference_server.faults import FAULT_HELP, FaultSet, parse_faults
 
 MODELS = ("mlp", "sim")
 DEFAULT_MLP_DIMS = (256, 4096, 2048, 10)
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME[:PARAM]",
-        help="test-only defect switch (repeatable); see reference_server/faults.py",
+        help=FAULT_HELP,
     )
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument("--access-log", action="store_true")

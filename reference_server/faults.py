@@ -16,19 +16,37 @@ cross-wire in a few % of batches).
 | cross-wire | probability per multi-request batch (0.05) | outputs swapped in a batch |
 | slow-start | seconds of lazy init on the first request (5) | ready at once, no warmup |
 | stall | PERIOD_S,HOLD_S (10,0.5) | a thread holds the GIL HOLD_S every PERIOD_S |
+| late-leak | BYTES[,AFTER_S] (4096,30) | leak-memory, but only from AFTER_S after ready |
+| stale-output | probability per request (0.02) | answers the previous batch's last output |
+
+The last two differ in *shape* from the others, so the checks can be shown to catch
+defects they were not tuned on. ``late-leak`` is a leak that only shows once a cache
+fills: nothing is retained until AFTER_S seconds after the server became ready (on the
+server's injected monotonic clock), then every request retains BYTES, as leak-memory
+does. ``stale-output`` is a response cache keyed wrongly: with probability P a request
+is answered with the outputs of the last request of the previously completed batch (a
+mix-up *across* batches, where cross-wire mixes requests *within* one), under its own
+id. Requests whose slot is empty or holds a different shape are answered normally. Its
+RNG is seeded from ``--seed`` and drawn once per request, so a run is reproducible.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
+import random
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from reference_server.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("reference_server.faults")
 
@@ -42,6 +60,17 @@ FAULT_NAMES = (
     "cross-wire",
     "slow-start",
     "stall",
+    "late-leak",
+    "stale-output",
+)
+
+FAULT_HELP = (
+    "test-only defect switch (repeatable), defaults after '=': leak-memory[:BYTES=4096], "
+    "leak-threads[:N=100], leak-fds[:N=100], no-batching, unbounded-queue, "
+    "ignore-priority, cross-wire[:P=0.05], slow-start[:SECONDS=5], "
+    "stall[:PERIOD_S,HOLD_S=10,0.5], late-leak[:BYTES[,AFTER_S]=4096,30] (leak only from "
+    "AFTER_S after ready), stale-output[:P=0.02] (answer with the previous batch's "
+    "output); details in reference_server/faults.py"
 )
 
 
@@ -56,6 +85,8 @@ class FaultSet:
     cross_wire_p: float | None = None
     slow_start_s: float | None = None
     stall: tuple[float, float] | None = None  # (period_s, hold_s)
+    late_leak: tuple[int, float] | None = None  # (bytes_per_request, after_s)
+    stale_output_p: float | None = None
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults."""
@@ -78,6 +109,10 @@ class FaultSet:
             out.append(f"slow-start:{self.slow_start_s:g}")
         if self.stall is not None:
             out.append(f"stall:{self.stall[0]:g},{self.stall[1]:g}")
+        if self.late_leak is not None:
+            out.append(f"late-leak:{self.late_leak[0]},{self.late_leak[1]:g}")
+        if self.stale_output_p is not None:
+            out.append(f"stale-output:{self.stale_output_p:g}")
         return out
 
     def __bool__(self) -> bool:
@@ -93,7 +128,8 @@ def _num(spec: str, param: str, kind: type, lo: float, hi: float | None, what: s
         value = kind(param)
     except ValueError:
         raise _bad(spec, what) from None
-    if value < lo or (hi is not None and value > hi):
+    # NaN passes every comparison and inf is no rate or duration: reject both.
+    if not math.isfinite(value) or value < lo or (hi is not None and value > hi):
         raise _bad(spec, what)
     return value
 
@@ -137,6 +173,18 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
             if not 0 < hold < period:
                 raise _bad(spec, what)
             kw["stall"] = (period, hold)
+        elif name == "late-leak":
+            parts = param.split(",") if param else []
+            what = "late-leak:BYTES_PER_REQUEST[,AFTER_S] with BYTES >= 1 and AFTER_S >= 0"
+            if len(parts) > 2:
+                raise _bad(spec, what)
+            nbytes = _num(spec, parts[0] if parts else "4096", int, 1, None, what)
+            after = _num(spec, parts[1] if len(parts) > 1 else "30", float, 0.0, None, what)
+            kw["late_leak"] = (int(nbytes), after)
+        elif name == "stale-output":
+            kw["stale_output_p"] = _num(
+                spec, param or "0.02", float, 0.0, 1.0, "stale-output:P with 0 <= P <= 1"
+            )
         else:
             if param:
                 raise _bad(spec, f"{name} without a parameter")
@@ -145,11 +193,31 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
 
 
 class FaultRuntime:
-    """The stateful side of the faults: leaks per request and the stall thread."""
+    """The stateful side of the faults: leaks per request, the stall thread, stale outputs.
 
-    def __init__(self, faults: FaultSet, clock: Callable[[], float] = time.perf_counter) -> None:
+    ``clock`` times the stall's spin; ``now`` is the server's own clock, on which
+    ``late-leak`` measures the time since ready. ``seed`` is ``--seed``.
+    """
+
+    def __init__(
+        self,
+        faults: FaultSet,
+        clock: Callable[[], float] = time.perf_counter,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        seed: int = 0,
+    ) -> None:
         self.faults = faults
         self._clock = clock
+        self._now = now
+        self._ready_at: float | None = None
+        self._late_leaking = False
+        # A string seed is hashed deterministically (not by PYTHONHASHSEED) and keeps
+        # this stream independent of the batcher's cross-wire RNG seeded with the int.
+        self._stale_rng = random.Random(f"stale-output:{seed}")
+        self._last_output: np.ndarray | None = None
+        self.stale_answers = 0
+        self.retained_bytes = 0  # by leak-memory and late-leak
         self._lock = threading.Lock()
         self._requests = 0
         # Deliberately retained forever: that is the defect.
@@ -168,9 +236,27 @@ class FaultRuntime:
             )
             print(f"!!! reference_server: FAULT INJECTED: {name} !!!", file=sys.stderr, flush=True)
 
+    def mark_ready(self) -> None:
+        """The server became ready; late-leak counts from the first time only."""
+        if self._ready_at is None:
+            self._ready_at = self._now()
+
+    def _late_leak_due(self, after_s: float) -> bool:
+        if self._late_leaking:
+            return True
+        if self._ready_at is None or self._now() - self._ready_at < after_s:
+            return False
+        self._late_leaking = True
+        log.warning("FAULT late-leak: retaining memory from now on (%.1f s after ready)", after_s)
+        return True
+
     def on_request(self) -> None:
         """Called once per accepted inference request (on the event loop)."""
         f = self.faults
+        if f.late_leak is not None and self._late_leak_due(f.late_leak[1]):
+            # Same retention as leak-memory: non-zero bytes so the pages count in RSS.
+            self._leaked_blocks.append(b"\x5a" * f.late_leak[0])
+            self.retained_bytes += f.late_leak[0]
         if (
             f.leak_memory_bytes is None
             and f.leak_threads_every is None
@@ -183,12 +269,34 @@ class FaultRuntime:
         if f.leak_memory_bytes is not None:
             # Non-zero bytes so the pages are really touched and count in RSS.
             self._leaked_blocks.append(b"\x5a" * f.leak_memory_bytes)
+            self.retained_bytes += f.leak_memory_bytes
         if f.leak_threads_every is not None and n % f.leak_threads_every == 0:
             t = threading.Thread(target=self._park.wait, name=f"leaked-{n}", daemon=True)
             t.start()
             self._leaked_threads.append(t)
         if f.leak_fds_every is not None and n % f.leak_fds_every == 0:
             self._leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
+
+    def after_batch(self, outputs: list[np.ndarray]) -> None:
+        """stale-output: called with each completed batch's per-request outputs (in order,
+        on the event loop); replaces some of them in place before they are answered."""
+        p = self.faults.stale_output_p
+        if p is None or not outputs:
+            return
+        # The slot is refreshed only once a whole batch is done, so it always holds a
+        # request of another (earlier) batch, never one of this batch.
+        previous = self._last_output
+        self._last_output = outputs[-1].copy()
+        for i, out in enumerate(outputs):
+            # One draw per request whatever the slot holds: the pattern depends only on
+            # the seed and the request order, so a run is reproducible.
+            if (
+                self._stale_rng.random() < p
+                and previous is not None
+                and previous.shape == out.shape
+            ):
+                outputs[i] = previous
+                self.stale_answers += 1
 
     def start(self) -> None:
         if self.faults.stall is not None and self._stall_thread is None:

@@ -5,22 +5,27 @@ from __future__ import annotations
 import http.client
 import json
 import statistics
+import time
 
 import numpy as np
 import psutil
 import pytest
 
+from reference_server.errors import ConfigError
+from reference_server.faults import FaultRuntime, parse_faults
 from reference_server.models import SimModel
 from tests.server_fixtures import (
     SIM_ROW,
     ServerHandle,
     backlog_order,
+    http_status,
     infer_body,
     metric_sum,
     run_clients,
     scrape,
     send,
     start_server,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -145,3 +150,141 @@ def test_stall_holds_the_gil_periodically() -> None:
         # cannot fail spuriously; the ratio keeps it from passing on a box that is slow
         # for every request.
         assert worst > 0.25 and worst > 10 * median, (worst, median)
+
+
+# -- defects of another shape (issue 6: the checks must generalise) ------------------
+
+
+def test_new_fault_params_defaults_and_errors() -> None:
+    assert parse_faults(["late-leak", "stale-output"]).names() == [
+        "late-leak:4096,30",
+        "stale-output:0.02",
+    ]
+    assert parse_faults(["late-leak:100"]).late_leak == (100, 30.0)
+    assert parse_faults(["late-leak:100,2.5"]).late_leak == (100, 2.5)
+    assert parse_faults(["stale-output:0"]).stale_output_p == 0.0
+    late = "Expected late-leak:BYTES_PER_REQUEST[,AFTER_S] with BYTES >= 1 and AFTER_S >= 0."
+    stale = "Expected stale-output:P with 0 <= P <= 1."
+    for spec, expected in [
+        ("late-leak:0", late),
+        ("late-leak:x", late),
+        ("late-leak:10,-1", late),
+        ("late-leak:10,inf", late),
+        ("late-leak:1,2,3", late),
+        ("stale-output:1.5", stale),
+        ("stale-output:nan", stale),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            parse_faults([spec])
+        assert str(exc.value) == f"--fault has value {spec!r}. {expected}"
+
+
+def test_late_leak_counts_from_the_first_ready_on_the_injected_clock() -> None:
+    now = [100.0]
+    rt = FaultRuntime(parse_faults(["late-leak:10,5"]), now=lambda: now[0])
+    rt.on_request()  # not ready yet: nothing
+    rt.mark_ready()
+    now[0] = 104.9
+    rt.on_request()
+    assert rt.retained_bytes == 0
+    rt.mark_ready()  # ready again (e.g. after a readiness flap) does not restart the count
+    now[0] = 105.0
+    rt.on_request()
+    rt.on_request()
+    assert rt.retained_bytes == 20
+
+
+def test_stale_output_answers_with_the_last_request_of_the_previous_batch() -> None:
+    rt = FaultRuntime(parse_faults(["stale-output:1"]))
+    a, b, c, d = (np.full((1, 4), v, np.float32) for v in (1, 2, 3, 4))
+    two_rows = np.full((2, 4), 5, np.float32)
+    first = [a, b]
+    rt.after_batch(first)
+    assert first == [a, b]  # empty slot: answered normally, never from its own batch
+    second = [c, d, two_rows]
+    rt.after_batch(second)
+    assert second[0] is not c and np.array_equal(second[0], b)
+    assert np.array_equal(second[1], b)
+    assert second[2] is two_rows  # a different shape is answered normally
+    third = [c]
+    rt.after_batch(third)
+    assert third == [c]  # the slot holds the (2, 4) output now
+    fourth = [d]
+    rt.after_batch(fourth)
+    assert np.array_equal(fourth[0], c)  # the slot kept c's own output, not what it was sent
+    assert rt.stale_answers == 3
+
+
+def rss(srv: ServerHandle) -> float:
+    return metric_sum(scrape(srv.url), "process_resident_memory_bytes")
+
+
+def ready_window(srv: ServerHandle, not_before: float) -> tuple[float, float]:
+    """Poll readiness; the server became ready within the returned (after, by) times."""
+    after = not_before  # before the process was started: always a valid lower bound
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        sent = time.monotonic()
+        status = http_status(srv.url, "/v2/health/ready", timeout=1.0)
+        if status == 200:
+            return after, time.monotonic()
+        if status == 503:  # the server said "not ready" after this moment
+            after = sent
+        time.sleep(0.02)
+    raise AssertionError(f"not ready in 30 s:\n{srv.log()}")
+
+
+def test_late_leak_retains_nothing_before_after_s_then_grows() -> None:
+    after_s, block = 2.0, 1_000_000
+    # The warmup delay makes readiness observable (503 then 200), which bounds the
+    # moment the server became ready from both sides.
+    args = (*SIM_FAST, "--warmup-delay-s", "1", "--fault", f"late-leak:{block},{after_s:g}")
+    started = time.monotonic()
+    with start_server(*args, wait_for_ready=False) as srv:
+        ready_after, ready_by = ready_window(srv, started)
+        assert listed_faults(srv) == ["late-leak:1000000,2"]
+        sequential(srv, 5)  # allocator and lazily started worker settle
+        quiet0 = rss(srv)
+        sequential(srv, 20)
+        answered_by = time.monotonic()
+        quiet1 = rss(srv)
+        # Precondition: every quiet request reached the server before the leak could start.
+        assert answered_by < ready_after + after_s, (answered_by - ready_after, after_s)
+        assert "retaining memory" not in srv.log()
+        wait_until(lambda: time.monotonic() > ready_by + after_s, timeout=after_s + 5)
+        sequential(srv, 40)
+        leaky = rss(srv)
+        assert "FAULT INJECTED: late-leak:1000000,2" in srv.log()
+        assert "FAULT late-leak: retaining memory from now on" in srv.log()
+    assert quiet1 - quiet0 < 0.25 * 20 * block, quiet1 - quiet0
+    assert leaky - quiet1 > 0.6 * 40 * block, leaky - quiet1
+
+
+def stale_answers(srv: ServerHandle, n: int = 40) -> list[int]:
+    """Send n distinct requests one after another; the indexes answered with the
+    previous request's output. Fails on any other wrong output or a wrong id."""
+    sim = SimModel("sim", (16, 4), 0.0, 0.0, seed=0)
+    rows = [[float(i + 1)] * 16 for i in range(n)]
+    expected = [sim.predict(np.asarray([row], np.float32))[0] for row in rows]
+    stale = []
+    for i, row in enumerate(rows):
+        a = send(srv, infer_body([row], request_id=f"req-{i}"))
+        assert a.status == 200
+        assert a.doc["id"] == f"req-{i}"
+        got = np.asarray(a.doc["outputs"][0]["data"], np.float32)
+        if not np.allclose(got, expected[i], rtol=1e-4, atol=1e-4):
+            # One request per batch here, so "the previous batch" is the previous request.
+            assert i > 0 and np.allclose(got, expected[i - 1], rtol=1e-4, atol=1e-4), i
+            stale.append(i)
+    return stale
+
+
+def test_stale_output_answers_another_requests_output_reproducibly() -> None:
+    with start_server(*SIM_FAST, "--fault", "stale-output:0.5") as srv:
+        assert listed_faults(srv) == ["stale-output:0.5"]
+        first = stale_answers(srv)
+    assert 5 <= len(first) <= 35, first
+    with start_server(*SIM_FAST, "--fault", "stale-output:0.5") as srv:
+        assert stale_answers(srv) == first  # same --seed, same requests: same defect
+    with start_server(*SIM_FAST, "--fault", "stale-output:0") as srv:
+        assert stale_answers(srv) == []
