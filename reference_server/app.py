@@ -58,7 +58,7 @@ class ServerState:
         self.faults = FaultRuntime(config.faults, now=clock, seed=config.seed)
         f = config.faults
         self.batcher = Batcher(
-            self.model.predict,
+            self.faults.wrap_run(self.model.predict),  # the model itself unless a fault wraps it
             BatcherConfig(
                 max_batch_size=config.max_batch_size,
                 max_delay_s=config.max_delay_ms / 1000.0,
@@ -73,7 +73,7 @@ class ServerState:
             ),
             clock=clock,
             observer=self.metrics,
-            after_batch=self.faults.after_batch if f.stale_output_p is not None else None,
+            after_batch=self.faults.after_batch if self.faults.rewrites_outputs else None,
         )
         self.ready = False
         self.draining = False
@@ -88,7 +88,7 @@ class ServerState:
         self.ready = ready and not self.draining
         self.metrics.ready.set(1 if self.ready else 0)
         if self.ready:
-            self.faults.mark_ready()  # late-leak counts from here
+            self.faults.mark_ready()  # late-leak and slowdown count from here
 
     def warmup(self) -> None:
         """Run the model at batch 1 and at max batch, then become ready (worker thread)."""

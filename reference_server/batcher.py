@@ -163,10 +163,11 @@ class Batcher:
         config: BatcherConfig,
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
-        after_batch: Callable[[list[np.ndarray]], None] | None = None,
+        after_batch: Callable[[list[np.ndarray | Exception]], None] | None = None,
     ) -> None:
         self._run = run
-        # Fault hook (stale-output): may replace per-request outputs before they are answered.
+        # Fault hook (stale-output, error-rate): may replace per-request outputs, or put
+        # an exception to answer instead, before they are answered.
         self._after_batch = after_batch
         self.config = config
         self._clock = clock
@@ -348,7 +349,7 @@ class Batcher:
             return
         y, seconds = fut.result()
         self._obs.on_compute(n_rows, seconds, True)
-        outputs = []
+        outputs: list[np.ndarray | Exception] = []
         start = 0
         for item in batch:
             outputs.append(y[start : start + item.n])
@@ -358,9 +359,14 @@ class Batcher:
             self._after_batch(outputs)
         for item, out in zip(batch, outputs, strict=True):
             if item.future is not None and not item.future.done():
-                item.future.set_result(out)
+                if isinstance(out, Exception):
+                    item.future.set_exception(out)
+                else:
+                    item.future.set_result(out)
 
-    def _maybe_cross_wire(self, batch: tuple[Pending, ...], outputs: list[np.ndarray]) -> None:
+    def _maybe_cross_wire(
+        self, batch: tuple[Pending, ...], outputs: list[np.ndarray | Exception]
+    ) -> None:
         p = self.config.cross_wire_p
         if p <= 0 or len(batch) < 2 or self._rng.random() >= p:
             return

@@ -18,6 +18,9 @@ cross-wire in a few % of batches).
 | stall | PERIOD_S,HOLD_S (10,0.5) | a thread holds the GIL HOLD_S every PERIOD_S |
 | late-leak | BYTES[,AFTER_S] (4096,30) | leak-memory, but only from AFTER_S after ready |
 | stale-output | probability per request (0.02) | answers the previous batch's last output |
+| error-rate | probability per request (0.05) | that request's model call fails: 500 |
+| serialize | — | one process-wide lock around every model execution |
+| slowdown | ms per minute since ready (20) | each batch sleeps uptime_min x MS_PER_MIN ms more |
 
 The last two differ in *shape* from the others, so the checks can be shown to catch
 defects they were not tuned on. ``late-leak`` is a leak that only shows once a cache
@@ -28,6 +31,18 @@ is answered with the outputs of the last request of the previously completed bat
 mix-up *across* batches, where cross-wire mixes requests *within* one), under its own
 id. Requests whose slot is empty or holds a different shape are answered normally. Its
 RNG is seeded from ``--seed`` and drawn once per request, so a run is reproducible.
+
+The last three give ``steady.error_rate``, ``linearity.efficiency`` and
+``soak.latency_drift`` a defect each. ``error-rate`` fails single requests, not batches:
+with probability P (its own RNG seeded from ``--seed``, one draw per request in batch
+order) a request's output is replaced by a ``ModelFault`` exception, which the app answers
+like any model exception (500, counted ``failed``/``model_error``), while the other
+requests of the batch are answered normally. ``serialize`` is the classic "the model
+object is not thread-safe, wrap it in a lock" fix: ``--workers N`` then buys nothing.
+``slowdown`` is per-request work that grows with uptime (an ever-growing list scanned per
+request): each batch sleeps (releasing the GIL, like the sim model) an extra
+minutes-since-ready x MS_PER_MIN ms on the server's injected clock, so latency drifts up
+over a soak while CPU stays flat.
 """
 
 from __future__ import annotations
@@ -62,6 +77,9 @@ FAULT_NAMES = (
     "stall",
     "late-leak",
     "stale-output",
+    "error-rate",
+    "serialize",
+    "slowdown",
 )
 
 FAULT_HELP = (
@@ -70,7 +88,9 @@ FAULT_HELP = (
     "ignore-priority, cross-wire[:P=0.05], slow-start[:SECONDS=5], "
     "stall[:PERIOD_S,HOLD_S=10,0.5], late-leak[:BYTES[,AFTER_S]=4096,30] (leak only from "
     "AFTER_S after ready), stale-output[:P=0.02] (answer with the previous batch's "
-    "output); details in reference_server/faults.py"
+    "output), error-rate[:P=0.05] (500 for that request), serialize (one lock around every "
+    "model execution), slowdown[:MS_PER_MIN=20] (each batch slower by MS_PER_MIN ms per minute "
+    "since ready); details in reference_server/faults.py"
 )
 
 
@@ -87,6 +107,9 @@ class FaultSet:
     stall: tuple[float, float] | None = None  # (period_s, hold_s)
     late_leak: tuple[int, float] | None = None  # (bytes_per_request, after_s)
     stale_output_p: float | None = None
+    error_rate_p: float | None = None
+    serialize: bool = False
+    slowdown_ms_per_min: float | None = None
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults."""
@@ -113,6 +136,12 @@ class FaultSet:
             out.append(f"late-leak:{self.late_leak[0]},{self.late_leak[1]:g}")
         if self.stale_output_p is not None:
             out.append(f"stale-output:{self.stale_output_p:g}")
+        if self.error_rate_p is not None:
+            out.append(f"error-rate:{self.error_rate_p:g}")
+        if self.serialize:
+            out.append("serialize")
+        if self.slowdown_ms_per_min is not None:
+            out.append(f"slowdown:{self.slowdown_ms_per_min:g}")
         return out
 
     def __bool__(self) -> bool:
@@ -185,6 +214,14 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
             kw["stale_output_p"] = _num(
                 spec, param or "0.02", float, 0.0, 1.0, "stale-output:P with 0 <= P <= 1"
             )
+        elif name == "error-rate":
+            kw["error_rate_p"] = _num(
+                spec, param or "0.05", float, 0.0, 1.0, "error-rate:P with 0 <= P <= 1"
+            )
+        elif name == "slowdown":
+            kw["slowdown_ms_per_min"] = _num(
+                spec, param or "20", float, 0.0, None, "slowdown:MS_PER_MIN with MS_PER_MIN >= 0"
+            )
         else:
             if param:
                 raise _bad(spec, f"{name} without a parameter")
@@ -192,11 +229,18 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
     return FaultSet(**kw)  # type: ignore[arg-type]
 
 
+class ModelFault(Exception):
+    """error-rate: the model failed for this one request (a planted defect)."""
+
+
 class FaultRuntime:
-    """The stateful side of the faults: leaks per request, the stall thread, stale outputs.
+    """The stateful side of the faults: leaks per request, the stall thread, per-request
+    output rewrites (stale-output, error-rate) and the model-execution wrapper
+    (serialize, slowdown).
 
     ``clock`` times the stall's spin; ``now`` is the server's own clock, on which
-    ``late-leak`` measures the time since ready. ``seed`` is ``--seed``.
+    ``late-leak`` and ``slowdown`` measure the time since ready; ``sleep`` spends the
+    slowdown. ``seed`` is ``--seed``.
     """
 
     def __init__(
@@ -205,11 +249,13 @@ class FaultRuntime:
         clock: Callable[[], float] = time.perf_counter,
         *,
         now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         seed: int = 0,
     ) -> None:
         self.faults = faults
         self._clock = clock
         self._now = now
+        self._sleep = sleep
         self._ready_at: float | None = None
         self._late_leaking = False
         # A string seed is hashed deterministically (not by PYTHONHASHSEED) and keeps
@@ -217,6 +263,11 @@ class FaultRuntime:
         self._stale_rng = random.Random(f"stale-output:{seed}")
         self._last_output: np.ndarray | None = None
         self.stale_answers = 0
+        self._error_rng = random.Random(f"error-rate:{seed}")
+        self.failed_answers = 0
+        # serialize: one lock for every model worker of the process (the defect).
+        self._model_lock = threading.Lock()
+        self.slowdown_s = 0.0  # total extra time slept by slowdown
         self.retained_bytes = 0  # by leak-memory and late-leak
         self._lock = threading.Lock()
         self._requests = 0
@@ -277,26 +328,82 @@ class FaultRuntime:
         if f.leak_fds_every is not None and n % f.leak_fds_every == 0:
             self._leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
 
-    def after_batch(self, outputs: list[np.ndarray]) -> None:
-        """stale-output: called with each completed batch's per-request outputs (in order,
-        on the event loop); replaces some of them in place before they are answered."""
-        p = self.faults.stale_output_p
-        if p is None or not outputs:
+    @property
+    def rewrites_outputs(self) -> bool:
+        """Whether ``after_batch`` has anything to do (the batcher skips it otherwise)."""
+        return self.faults.stale_output_p is not None or self.faults.error_rate_p is not None
+
+    def after_batch(self, outputs: list[np.ndarray | Exception]) -> None:
+        """Called with each completed batch's per-request outputs (in order, on the event
+        loop); replaces some of them in place before they are answered: with an earlier
+        batch's output (stale-output) or with a ModelFault to answer instead (error-rate)."""
+        if not outputs:
             return
+        if self.faults.stale_output_p is not None:
+            self._stale(self.faults.stale_output_p, outputs)
+        p = self.faults.error_rate_p
+        if p is not None:
+            for i in range(len(outputs)):
+                # One draw per request: the pattern depends only on the seed and the order.
+                if self._error_rng.random() < p:
+                    outputs[i] = ModelFault(
+                        f"injected fault error-rate:{p:g} failed request {i + 1} "
+                        f"of a batch of {len(outputs)}"
+                    )
+                    self.failed_answers += 1
+
+    def _stale(self, p: float, outputs: list[np.ndarray | Exception]) -> None:
         # The slot is refreshed only once a whole batch is done, so it always holds a
         # request of another (earlier) batch, never one of this batch.
         previous = self._last_output
-        self._last_output = outputs[-1].copy()
+        last = outputs[-1]
+        assert not isinstance(last, Exception)  # stale-output runs before error-rate
+        self._last_output = last.copy()
         for i, out in enumerate(outputs):
             # One draw per request whatever the slot holds: the pattern depends only on
             # the seed and the request order, so a run is reproducible.
             if (
                 self._stale_rng.random() < p
                 and previous is not None
+                and not isinstance(out, Exception)
                 and previous.shape == out.shape
             ):
                 outputs[i] = previous
                 self.stale_answers += 1
+
+    def wrap_run(
+        self, run: Callable[[np.ndarray], np.ndarray]
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """The model's batch call as the batcher's workers should make it: ``run`` itself
+        unless serialize or slowdown is on."""
+        f = self.faults
+        if not f.serialize and f.slowdown_ms_per_min is None:
+            return run
+
+        def execute(x: np.ndarray) -> np.ndarray:
+            if f.slowdown_ms_per_min is not None:
+                extra = self.slowdown_delay_s()
+                if extra > 0:
+                    self._sleep(extra)  # sleeping releases the GIL: latency, not CPU
+                    self.slowdown_s += extra
+            return run(x)
+
+        if not f.serialize:
+            return execute
+
+        def serialized(x: np.ndarray) -> np.ndarray:
+            with self._model_lock:
+                return execute(x)
+
+        return serialized
+
+    def slowdown_delay_s(self) -> float:
+        """slowdown's extra time for a batch starting now: minutes since ready x MS_PER_MIN."""
+        per_min = self.faults.slowdown_ms_per_min
+        if per_min is None or self._ready_at is None:
+            return 0.0
+        uptime_min = max(0.0, self._now() - self._ready_at) / 60.0
+        return uptime_min * per_min / 1000.0
 
     def start(self) -> None:
         if self.faults.stall is not None and self._stall_thread is None:

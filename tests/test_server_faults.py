@@ -12,10 +12,11 @@ import psutil
 import pytest
 
 from reference_server.errors import ConfigError
-from reference_server.faults import FaultRuntime, parse_faults
+from reference_server.faults import FaultRuntime, ModelFault, parse_faults
 from reference_server.models import SimModel
 from tests.server_fixtures import (
     SIM_ROW,
+    Answer,
     ServerHandle,
     backlog_order,
     http_status,
@@ -288,3 +289,148 @@ def test_stale_output_answers_another_requests_output_reproducibly() -> None:
         assert stale_answers(srv) == first  # same --seed, same requests: same defect
     with start_server(*SIM_FAST, "--fault", "stale-output:0") as srv:
         assert stale_answers(srv) == []
+
+
+# -- faults for steady.error_rate, linearity.efficiency, soak.latency_drift ----------
+
+
+def test_error_serialize_slowdown_params_defaults_and_errors() -> None:
+    assert parse_faults(["error-rate", "serialize", "slowdown"]).names() == [
+        "error-rate:0.05",
+        "serialize",
+        "slowdown:20",
+    ]
+    assert parse_faults(["error-rate:0"]).error_rate_p == 0.0
+    assert parse_faults(["slowdown:6000"]).slowdown_ms_per_min == 6000.0
+    err = "Expected error-rate:P with 0 <= P <= 1."
+    slow = "Expected slowdown:MS_PER_MIN with MS_PER_MIN >= 0."
+    for spec, expected in [
+        ("error-rate:1.5", err),
+        ("error-rate:-0.1", err),
+        ("error-rate:nan", err),
+        ("error-rate:x", err),
+        ("serialize:1", "Expected serialize without a parameter."),
+        ("slowdown:-1", slow),
+        ("slowdown:inf", slow),
+        ("slowdown:fast", slow),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            parse_faults([spec])
+        assert str(exc.value) == f"--fault has value {spec!r}. {expected}"
+
+
+def test_error_rate_fails_single_requests_of_a_batch_reproducibly() -> None:
+    def pattern(seed: int) -> list[bool]:
+        rt = FaultRuntime(parse_faults(["error-rate:0.5"]), seed=seed)
+        failed = []
+        for _ in range(10):
+            outputs = [np.full((1, 4), i, np.float32) for i in range(8)]
+            kept = list(outputs)
+            rt.after_batch(outputs)
+            for out, original in zip(outputs, kept, strict=True):
+                assert out is original or isinstance(out, ModelFault)
+            failed += [isinstance(out, ModelFault) for out in outputs]
+        assert rt.failed_answers == sum(failed)
+        return failed
+
+    first = pattern(seed=0)
+    assert 15 <= sum(first) <= 65  # 80 draws at P = 0.5
+    assert pattern(seed=0) == first
+    assert pattern(seed=1) != first
+    rt = FaultRuntime(parse_faults(["error-rate:0"]))
+    outputs = [np.zeros((1, 4), np.float32)] * 50
+    rt.after_batch(outputs)
+    assert rt.failed_answers == 0
+    assert not FaultRuntime(parse_faults(["serialize"])).rewrites_outputs
+
+
+def test_slowdown_grows_with_minutes_since_ready_on_the_injected_clock() -> None:
+    now = [100.0]
+    slept: list[float] = []
+    rt = FaultRuntime(parse_faults(["slowdown:20"]), now=lambda: now[0], sleep=slept.append)
+    run = rt.wrap_run(lambda x: x + 1)
+    x = np.zeros((1, 4), np.float32)
+    assert np.array_equal(run(x), x + 1)
+    assert slept == []  # not ready yet: no uptime
+    rt.mark_ready()
+    now[0] = 130.0  # half a minute: 10 ms
+    run(x)
+    now[0] = 400.0  # five minutes: 100 ms
+    run(x)
+    assert slept == pytest.approx([0.010, 0.100])
+    plain = lambda x: x  # noqa: E731
+    assert FaultRuntime(parse_faults([])).wrap_run(plain) is plain
+
+
+def test_error_rate_answers_500_for_some_requests_and_metrics_balance() -> None:
+    def load(srv: ServerHandle) -> list[Answer]:
+        # 4 concurrent clients: batches hold several requests, most of them answered 200.
+        answers = run_clients(srv, 4, 20, infer_body([SIM_ROW]))
+        assert len(answers) == 80
+        return answers
+
+    args = ("--model", "sim", "--sim-base-ms", "5", "--sim-item-ms", "0")
+    with start_server(*args, "--fault", "error-rate:0.5") as srv:
+        assert listed_faults(srv) == ["error-rate:0.5"]
+        answers = load(srv)
+        m = scrape(srv.url)
+        assert "FAULT INJECTED: error-rate:0.5" in srv.log()
+    failed = [a for a in answers if a.status == 500]
+    assert {a.status for a in answers} == {200, 500}
+    assert 15 <= len(failed) <= 65, len(failed)  # 80 draws at P = 0.5
+    for a in failed:
+        assert a.doc["error"].startswith("model execution failed: ModelFault: injected fault ")
+    for a in answers:
+        if a.status == 200:
+            assert len(a.doc["outputs"][0]["data"]) == 4
+    received = metric_sum(m, "refserver_requests_received_total")
+    assert received == 80
+    assert metric_sum(m, "refserver_requests_total", outcome="failed") == len(failed)
+    assert metric_sum(m, "refserver_requests_total", outcome="success") == 80 - len(failed)
+    assert metric_sum(m, "refserver_requests_total") == received
+    # Some batch had both answers: failures are per request, not per batch.
+    assert metric_sum(m, "refserver_inference_count_total") > metric_sum(
+        m, "refserver_execution_count_total"
+    )
+    with start_server(*args, "--fault", "error-rate:0") as srv:
+        assert {a.status for a in load(srv)} == {200}
+
+
+def test_serialize_makes_two_workers_as_fast_as_one() -> None:
+    # --queue-size: the default (4 x max batch) would shed the 8 clients' backlog.
+    args = ("--model", "sim", "--workers", "2", "--max-batch-size", "1", "--queue-size", "16")
+    args = (*args, "--sim-base-ms", "50", "--sim-item-ms", "0")
+
+    def seconds_for_load(srv: ServerHandle) -> float:
+        # 8 closed-loop clients keep both workers busy; 40 batches of 50 ms each.
+        answers = run_clients(srv, 8, 5, infer_body([SIM_ROW]))
+        assert [a.status for a in answers] == [200] * 40
+        return max(a.end for a in answers) - min(a.start for a in answers)
+
+    with start_server(*args) as healthy, start_server(*args, "--fault", "serialize") as locked:
+        assert listed_faults(locked) == ["serialize"]
+        parallel = seconds_for_load(healthy)
+        serial = seconds_for_load(locked)
+    # Ideal: 1.0 s vs 2.0 s. Each 50 ms batch is a sleep, so a busy box adds about the
+    # same HTTP overhead to both and the ratio stays near 2.
+    assert serial > 1.5 * parallel, (serial, parallel)
+
+
+def test_slowdown_makes_later_requests_slower() -> None:
+    per_min = 6000.0  # 100 ms more per second since ready
+    with start_server(*SIM_FAST, "--fault", f"slowdown:{per_min:g}") as srv:
+        assert listed_faults(srv) == ["slowdown:6000"]
+        answers = [send(srv, infer_body([SIM_ROW]))]
+        # Back-to-back requests until 3 s after the first one (each one is slower).
+        while answers[-1].start - answers[0].start < 3.0:
+            answers.append(send(srv, infer_body([SIM_ROW])))
+    assert all(a.status == 200 for a in answers)
+    early = statistics.median(a.seconds for a in answers[:3])
+    late = statistics.median(a.seconds for a in answers[-3:])
+    # The server was ready before the first request was sent, so the last request's
+    # uptime is at least its distance from the first: a floor that a slow box cannot
+    # break. The ratio (ideal (u0 + 3) / u0 for a first request u0 s after ready)
+    # keeps it from passing on a box that is slow for every request.
+    last = answers[-1]
+    assert last.seconds > 0.9 * (last.start - answers[0].start) * per_min / 60_000
+    assert late > 3 * early, (early, late, len(answers))
