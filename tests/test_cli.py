@@ -1,0 +1,193 @@
+"""The ``harness`` command: exit codes, one-line errors, partial reports, re-rendering."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.checks import CHECK_IDS
+from harness.sut import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+SERVER = f"{sys.executable} -m reference_server --model sim --port {{port}}"
+
+
+def harness(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def one_line_error(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    assert lines[0].startswith("harness: error: ")
+    return lines[0]
+
+
+def test_unknown_scenario_is_a_usage_error_naming_the_valid_ones():
+    r = harness("run", "nosuch")
+    assert r.returncode == 2
+    line = one_line_error(r.stderr)
+    assert "nosuch" in line and "steady_state" in line
+
+
+def test_malformed_scenario_file_is_a_usage_error_naming_the_key():
+    r = harness("run", str(DATA / "scenarios" / "bad" / "bad_rate.toml"))
+    assert r.returncode == 2
+    assert "rate" in one_line_error(r.stderr)
+
+
+def test_bad_target_url_and_bad_checklist_are_usage_errors():
+    r = harness("acceptance", "--target", "localhost:8000")
+    assert r.returncode == 2
+    assert "http://" in one_line_error(r.stderr)
+    r = harness("run", "steady_state", "--checklist", str(DATA / "no_such_checklist.toml"))
+    assert r.returncode == 2
+    one_line_error(r.stderr)
+
+
+def test_unknown_acceptance_subset_is_a_usage_error():
+    r = harness("acceptance", "--scenarios", "steady_state,bogus")
+    assert r.returncode == 2
+    assert "bogus" in one_line_error(r.stderr)
+
+
+def test_readme_lists_every_check_id():
+    readme = (REPO / "README.md").read_text()
+    missing = [cid for cid in CHECK_IDS if f"`{cid}`" not in readme]
+    assert not missing, f"README's check table lacks {missing}"
+
+
+@pytest.mark.slow
+def test_unreachable_target_fails_with_the_cause_and_writes_a_report(tmp_path):
+    port = free_port()  # nothing listens there
+    r = harness(
+        "run",
+        str(DATA / "scenarios_load" / "short_open.toml"),
+        "--target",
+        f"http://127.0.0.1:{port}",
+        "--out",
+        str(tmp_path),
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"127.0.0.1:{port}" in r.stdout + r.stderr
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["verdict"] == "fail"
+    assert (tmp_path / "junit.xml").exists() and (tmp_path / "summary.md").exists()
+
+
+@pytest.mark.slow
+def test_server_dying_mid_run_fails_with_the_cause_and_keeps_what_was_measured(tmp_path):
+    # The server is SIGKILLed 6 s into a 60 s run: a crash, not a clean exit.
+    cmd = f"timeout -s KILL 6 {SERVER}"
+    r = harness(
+        "run",
+        str(DATA / "scenarios_load" / "long_open.toml"),
+        "--sut-cmd",
+        cmd,
+        "--out",
+        str(tmp_path),
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "results.json").read_text())
+    sc = doc["scenarios"][0]
+    assert doc["partial"] is True and sc["verdict"] == "fail"
+    died = [c for c in sc["checks"] if c["id"] == "run.completed"]
+    assert died and died[0]["passed"] is False and "exited" in died[0]["detail"]
+    assert sc["counters"]["ok"] > 0  # what was measured before the crash is kept
+    assert "run.completed" in (tmp_path / "junit.xml").read_text()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_writes_a_partial_report_and_leaves_nothing_running(tmp_path):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            str(DATA / "scenarios_load" / "long_open.toml"),
+            "--sut-cmd",
+            SERVER,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        progress = tmp_path / "long_open" / "progress.json"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if progress.exists() and json.loads(progress.read_text() or "{}").get("ok", 0) > 50:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run never made progress")
+        sut_pid = int((tmp_path / "long_open" / "samples" / "sut.pid").read_text())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (1, 3), out + err  # interrupted: never a pass
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["partial"] is True
+    assert doc["scenarios"][0]["counters"]["ok"] > 50
+    assert (tmp_path / "report.html").exists()
+    assert not psutil.pid_exists(sut_pid) or psutil.Process(sut_pid).status() == "zombie"
+
+
+def test_report_rerenders_from_results_json_alone(tmp_path):
+    shutil.copy(DATA / "results_v1.json", tmp_path / "results.json")
+    r = harness("report", str(tmp_path))
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert r.returncode == {"pass": 0, "fail": 1, "invalid": 3}[doc["verdict"]]
+    for name in ("report.html", "junit.xml", "summary.md"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_report_on_a_directory_without_results_is_a_one_line_error(tmp_path):
+    r = harness("report", str(tmp_path))
+    assert r.returncode == 2
+    assert "results.json" in one_line_error(r.stderr)
+
+
+def test_compare_same_run_is_no_regression_and_other_machine_is_refused(tmp_path):
+    base, new, other = tmp_path / "base", tmp_path / "new", tmp_path / "other"
+    golden = json.loads((DATA / "results_v1.json").read_text())
+    # the golden file also holds an invalid scenario, which compare reports as exit 3
+    golden["scenarios"] = [s for s in golden["scenarios"] if s.get("verdict") != "invalid"]
+    for d in (base, new, other):
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(golden))
+    r = harness("compare", str(base), str(new))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"NO REGRESSION", r.stdout)
+    doc = json.loads((other / "results.json").read_text())
+    doc["machine"]["cpu_count"] = 64
+    (other / "results.json").write_text(json.dumps(doc))
+    r = harness("compare", str(base), str(other))
+    assert r.returncode == 2
+    assert "--force" in one_line_error(r.stderr)
+    assert harness("compare", str(base), str(other), "--force").returncode in (0, 1)
