@@ -1,0 +1,445 @@
+"""The detection matrix as data: each planted defect, the scenario that must catch it, and why.
+
+Read by ``tests/test_detection.py`` (one slow test per case) and by
+``bench/detection_table.py`` (which renders ``docs/detection.md`` from the same runs).
+
+A case plants one reference-server ``--fault`` (or flag) that is sized like a real defect,
+not a caricature: a leak of a few MiB/min, a mix-up in a few % of batches, a 1 s pause.
+Rates that depend on traffic (leaks are per request in the reference server) are given
+per minute and turned into per-request parameters from the *healthy* server's capacity,
+measured in the same session by the ``healthy-steady`` case; those runs pin that capacity
+(``--capacity-rps``) so the offered rate — and so the leak per minute — is the one we
+sized for, the way a user pins last release's capacity.
+
+``allowed`` lists the checks that may fail alongside the intended one, each with the
+reason: a check listed there describes the *same* defect from another side. Any other
+failed check fails the case ("caught for the wrong reason").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import sys
+from collections.abc import Mapping
+
+# Every run of a soak case offers this multiple of the pinned capacity (soak.toml: "0.6x").
+SOAK_RATE_MULTIPLE = 0.6
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionCase:
+    """One row of the matrix.
+
+    ``fault`` is the ``--fault`` spec; ``{per_request}`` in it is filled from ``per_min``:
+    bytes per request for a ``per_min`` in bytes/min (``per_min_kind = "bytes"``), or
+    "one every N requests" for a count per minute (``per_min_kind = "every"``).
+    """
+
+    name: str
+    defect: str  # what a human would call the bug
+    scenario: str
+    check: str  # the check that must fail (or pass, for a healthy control)
+    why: str  # why this scenario/check pairing and these parameters
+    fault: str | None = None
+    server_args: tuple[str, ...] = ()  # further reference-server flags
+    model: str = "mlp"
+    sut_cores: str | None = None
+    duration_s: float | None = None  # --duration: shortened where detection stays reliable
+    pin_capacity: bool = False  # pass the healthy run's capacity as --capacity-rps
+    per_min: float | None = None
+    per_min_kind: str = ""  # "bytes" | "every"
+    locust_args: tuple[str, ...] = ()
+    allowed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    expect_pass: bool = False  # a healthy control: every check must pass
+    generalisation: bool = False  # a defect shape the checks were not tuned on
+    timeout_s: float = 300.0  # hard bound on the harness subprocess
+
+    def fault_spec(self, capacity_rps: float | None) -> str | None:
+        """The ``--fault`` value with traffic-dependent sizes filled in."""
+        if self.fault is None or "{per_request}" not in self.fault:
+            return self.fault
+        if capacity_rps is None or self.per_min is None:
+            raise ValueError(f"case {self.name!r} needs the healthy capacity to size its fault")
+        per_min_requests = SOAK_RATE_MULTIPLE * capacity_rps * 60.0
+        if self.per_min_kind == "bytes":
+            value = max(1, math.ceil(self.per_min / per_min_requests))
+        elif self.per_min_kind == "every":
+            value = max(1, round(per_min_requests / self.per_min))
+        else:
+            raise ValueError(f"case {self.name!r}: per_min_kind {self.per_min_kind!r}")
+        return self.fault.format(per_request=value)
+
+    def sut_cmd(self, capacity_rps: float | None, python: str = sys.executable) -> str:
+        parts = [python, "-m", "reference_server", "--model", self.model]
+        spec = self.fault_spec(capacity_rps)
+        if spec is not None:
+            parts += ["--fault", spec]
+        parts += list(self.server_args)
+        cmd = " ".join(shlex.quote(p) for p in parts)
+        return cmd + " --port {port} --workers {threads}"
+
+    def harness_argv(self, out_dir: str, capacity_rps: float | None) -> list[str]:
+        """``python -m harness run ...`` for this case (the harness starts and stops the SUT)."""
+        argv = [sys.executable, "-m", "harness", "run", self.scenario, "--quick"]
+        argv += ["--sut-cmd", self.sut_cmd(capacity_rps), "--out", out_dir]
+        if self.sut_cores:
+            argv += ["--sut-cores", self.sut_cores]
+        if self.duration_s is not None:
+            argv += ["--duration", f"{self.duration_s:g}"]
+        if self.pin_capacity:
+            if capacity_rps is None:
+                raise ValueError(f"case {self.name!r} pins the healthy capacity; none measured")
+            argv.append(f"--locust-arg=--capacity-rps={capacity_rps:.1f}")
+        argv += [f"--locust-arg={a}" for a in self.locust_args]
+        return argv
+
+
+_BACKLOG = "the same unbounded backlog seen from the latency side"
+
+CASES: tuple[DetectionCase, ...] = (
+    # --- healthy controls -------------------------------------------------------------
+    DetectionCase(
+        name="healthy-steady",
+        defect="none (healthy reference server)",
+        scenario="steady_state",
+        check="steady.p99_ms",
+        expect_pass=True,
+        duration_s=30,
+        why="control: the healthy server passes steady state; its calibrated capacity "
+        "sizes the leaks and is pinned for the no-batching and soak cases",
+    ),
+    DetectionCase(
+        name="healthy-linearity-sim",
+        defect="none (healthy reference server, sim model)",
+        scenario="linearity",
+        check="linearity.efficiency",
+        model="sim",
+        sut_cores="0-1",
+        expect_pass=True,
+        timeout_s=400,
+        why="control: with two cores the sim model (sleep-based, so threads overlap) "
+        "scales ~linearly; the serialize case differs from it by one flag",
+    ),
+    # --- cold start ---------------------------------------------------------------------
+    DetectionCase(
+        name="slow-start",
+        defect="lazy model init: the first request pays 3 s",
+        scenario="cold_start",
+        check="cold_start.first_p99_ratio",
+        fault="slow-start:3",
+        why="a server that reports ready before it warmed up: the first requests queue "
+        "behind a 3 s lazy init (a CUDA context or JIT on first use), the warm p99 does not",
+    ),
+    DetectionCase(
+        name="slow-model-load",
+        defect="model load takes 45 s before readiness",
+        scenario="cold_start",
+        check="cold_start.time_to_ready_s",
+        server_args=("--warmup-delay-s", "45"),
+        locust_args=("--ready-timeout=150",),
+        timeout_s=360,
+        why="readiness gated on a 45 s load: past the 30 s budget, and the harness waits "
+        "long enough (150 s) to time it rather than give up",
+    ),
+    # --- steady state -------------------------------------------------------------------
+    DetectionCase(
+        name="stall",
+        defect="1.5 s GIL-holding pause every 10 s",
+        scenario="steady_state",
+        check="steady.p99_ms",
+        fault="stall:10,1.5",
+        duration_s=30,
+        allowed={
+            "steady.throughput": "requests caught by the last pause near the end of the "
+            "stage complete after it, so the ok rate over the stage can dip under 95 %",
+        },
+        why="a periodic stop-the-world pause (a blocking flush, a full GC of a big heap) "
+        "delays ~10 % of requests by up to 1.5 s: p99 far past the SLO while p50 and "
+        "throughput stay fine; 30 s holds 3 pauses",
+    ),
+    DetectionCase(
+        name="error-rate",
+        defect="3 % of requests answered 500",
+        scenario="steady_state",
+        check="steady.error_rate",
+        fault="error-rate:0.03",
+        duration_s=30,
+        why="a systematic 3 % failure (a bad replica, a flaky dependency) against a 1 % "
+        "budget; 30 s at 0.6x is thousands of requests, so 3 % vs 1 % is unambiguous",
+    ),
+    DetectionCase(
+        name="no-batching",
+        defect="dynamic batching disabled (one request per batch)",
+        scenario="steady_state",
+        check="steady.throughput",
+        fault="no-batching",
+        pin_capacity=True,
+        duration_s=30,
+        allowed={
+            "steady.p99_ms": "the queue of a server below the offered rate grows: p99 "
+            "rises with it",
+            "steady.error_rate": "the full queue answers 503 and the client's in-flight "
+            "cap fills; both count as errors",
+        },
+        why="without batching the server's own calibration would just measure the lower "
+        "capacity and offer 0.6x of it; pinning last release's (the healthy run's) "
+        "capacity, as a user does, shows the regression as missing throughput",
+    ),
+    # --- overload -----------------------------------------------------------------------
+    DetectionCase(
+        name="unbounded-queue-spike",
+        defect="no admission control: the queue never sheds",
+        scenario="spike",
+        check="spike.fail_fast",
+        fault="unbounded-queue",
+        allowed={"spike.recovery_s": _BACKLOG + ": it drains long after the spike"},
+        why="at 2x the excess must be rejected quickly with 503; an unbounded queue turns it "
+        "into timeouts instead",
+    ),
+    DetectionCase(
+        name="unbounded-queue-contention",
+        defect="no admission control, under CPU contention",
+        scenario="contention",
+        check="contention.fail_fast",
+        fault="unbounded-queue",
+        allowed={
+            "contention.recovery_s": _BACKLOG + ": it drains after the hogs stop",
+            "contention.throughput_ratio": "requests stuck behind the backlog time out "
+            "instead of completing, so ok throughput in hog blocks drops with it",
+        },
+        timeout_s=400,
+        why="with half its CPU taken, 0.6x is above what the server can do: the excess must "
+        "be shed, not queued until it times out",
+    ),
+    DetectionCase(
+        name="ignore-priority",
+        defect="priority ignored: one FIFO for all classes",
+        scenario="mixed_priority",
+        check="priority.high_reject_rate",
+        fault="ignore-priority",
+        allowed={
+            "priority.high_p99_ms": "the high class waits in the same full queue as the "
+            "low one: its latency suffers with its rejections",
+        },
+        why="at 1.5x a priority scheduler sheds the low class; a single FIFO rejects the "
+        "high class as often as the low one (~1/3)",
+    ),
+    # --- integrity ----------------------------------------------------------------------
+    DetectionCase(
+        name="cross-wire",
+        defect="outputs swapped within 3 % of batches",
+        scenario="integrity",
+        check="integrity.mismatches",
+        fault="cross-wire:0.03",
+        why="a scatter bug hitting 3 % of multi-request batches: a few hundred batches in "
+        "the quick run make a miss improbable, and latency checks cannot see it",
+    ),
+    DetectionCase(
+        name="stale-output",
+        defect="2 % of requests answered with the previous batch's output",
+        scenario="integrity",
+        check="integrity.mismatches",
+        fault="stale-output:0.02",
+        generalisation=True,
+        why="generalisation: a mix-up *across* batches (a wrongly keyed response cache), "
+        "not the within-batch swap the check was written against",
+    ),
+    # --- soak (sized per minute from the healthy capacity) -----------------------------
+    DetectionCase(
+        name="leak-memory",
+        defect="memory leak of 5 MiB/min",
+        scenario="soak",
+        check="soak.rss_trend",
+        fault="leak-memory:{per_request}",
+        per_min=5 * MIB,
+        per_min_kind="bytes",
+        pin_capacity=True,
+        duration_s=75,
+        why="a per-request leak sized to 5 MiB/min at 0.6x of the healthy capacity "
+        "(threshold 1 MiB/min); 75 s keeps ~56 s after the warm-up quarter, enough "
+        "buckets for the slope CI",
+    ),
+    DetectionCase(
+        name="late-leak",
+        defect="memory leak of 5 MiB/min that starts 25 s after ready",
+        scenario="soak",
+        check="soak.rss_trend",
+        fault="late-leak:{per_request},25",
+        per_min=5 * MIB,
+        per_min_kind="bytes",
+        pin_capacity=True,
+        duration_s=75,
+        generalisation=True,
+        why="generalisation: flat for the first third (a cache that fills first), then "
+        "leaking — a hockey stick rather than a line; the warm-up quarter must not hide it",
+    ),
+    DetectionCase(
+        name="leak-threads",
+        defect="thread leak of 8 threads/min",
+        scenario="soak",
+        check="soak.threads_trend",
+        fault="leak-threads:{per_request}",
+        per_min=8,
+        per_min_kind="every",
+        pin_capacity=True,
+        duration_s=75,
+        why="one parked thread every N requests, N sized to 8/min (threshold 0.5/min): "
+        "a pool that is created per call and never joined",
+    ),
+    DetectionCase(
+        name="leak-fds",
+        defect="fd leak of 10 fds/min",
+        scenario="soak",
+        check="soak.fds_trend",
+        fault="leak-fds:{per_request}",
+        per_min=10,
+        per_min_kind="every",
+        pin_capacity=True,
+        duration_s=75,
+        why="one unclosed file every N requests, N sized to 10/min (threshold 0.5/min)",
+    ),
+    DetectionCase(
+        name="slowdown",
+        defect="latency grows with uptime",
+        scenario="soak",
+        check="soak.latency_drift",
+        fault="slowdown:200",
+        pin_capacity=True,
+        duration_s=75,
+        why="per-request work that grows with uptime (an ever-growing list scanned per "
+        "call): the late p99 over the early p99 passes 2x within the quick soak",
+    ),
+    # --- scaling ------------------------------------------------------------------------
+    DetectionCase(
+        name="serialize",
+        defect="global lock around model execution",
+        scenario="linearity",
+        check="linearity.efficiency",
+        fault="serialize",
+        model="sim",
+        sut_cores="0-1",
+        timeout_s=400,
+        why="workers that cannot run concurrently: X(2) ≈ X(1), E(2) ≈ 0.5 < 0.75; on the "
+        "sim model so the default 1-core SUT's skip does not apply",
+    ),
+)
+
+BY_NAME: Mapping[str, DetectionCase] = {c.name: c for c in CASES}
+CAPACITY_CASE = "healthy-steady"
+
+
+def wrong_side(value: float | None, op: str, threshold: float) -> bool:
+    """True when ``value`` fails ``value OP threshold``; ``None`` is +inf (never recovered)."""
+    v = math.inf if value is None else float(value)
+    return {
+        "<=": v > threshold,
+        "<": v >= threshold,
+        ">=": v < threshold,
+        ">": v <= threshold,
+        "==": v != threshold,
+    }[op]
+
+
+def judge(case: DetectionCase, exit_code: int, doc: Mapping) -> list[str]:
+    """Why the run did not show what ``case`` expects; empty when it did."""
+    problems: list[str] = []
+    scenarios = doc.get("scenarios") or []
+    if not scenarios:
+        return [f"exit {exit_code}, no scenario in results.json"]
+    sc = scenarios[0]
+    if sc.get("validity"):
+        problems.append(f"run invalid: {sc['validity']}")
+    checks = {c["id"]: c for c in sc.get("checks") or []}
+    if case.expect_pass:
+        if exit_code != 0:
+            problems.append(f"exit {exit_code}, expected 0 (healthy control)")
+        for c in checks.values():
+            if c.get("passed") is False:
+                problems.append(f"{c['id']} failed on the healthy server: {c.get('detail')}")
+        if checks.get(case.check, {}).get("passed") is not True:
+            problems.append(f"{case.check} not passed: {checks.get(case.check)}")
+        return problems
+    if exit_code != 1:
+        problems.append(f"exit {exit_code}, expected 1")
+    c = checks.get(case.check)
+    if c is None:
+        problems.append(f"{case.check} missing from the results")
+    elif c.get("passed") is not False:
+        problems.append(
+            f"{case.check} not failed: passed={c.get('passed')} "
+            f"skipped={c.get('skipped')!r} detail={c.get('detail')!r}"
+        )
+    elif not wrong_side(c.get("value"), c["op"], c["threshold"]):
+        problems.append(
+            f"{case.check} failed but value {c.get('value')} {c['op']} "
+            f"{c['threshold']} holds: {c.get('detail')}"
+        )
+    for other in checks.values():
+        unrelated = other["id"] != case.check and other["id"] not in case.allowed
+        if unrelated and other.get("passed") is False:
+            problems.append(f"unrelated check failed: {other['id']}: {other.get('detail')}")
+    return problems
+
+
+def capacity_of(doc: Mapping) -> float | None:
+    """The calibrated capacity (req/s) of a results document's first scenario."""
+    scenarios = doc.get("scenarios") or []
+    cap = scenarios[0].get("capacity_rps") if scenarios else None
+    return float(cap) if cap else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseRun:
+    case: DetectionCase
+    exit_code: int
+    doc: Mapping
+    wall_s: float
+    argv: tuple[str, ...]
+    out_dir: str
+
+
+def run_case(
+    case: DetectionCase, out_dir: str, capacity_rps: float | None, cwd: str | None = None
+) -> CaseRun:
+    """Run ``harness run`` for ``case`` as a subprocess, bounded by ``case.timeout_s``.
+
+    On timeout the harness gets SIGTERM (it stops Locust and the server it started), then
+    its process group SIGKILL after a grace period. Either way the harness is gone on return.
+    """
+    import contextlib
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    argv = case.harness_argv(out_dir, capacity_rps)
+    log = open(Path(out_dir) / "harness.log", "wb")  # noqa: SIM115 — closed in finally
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+    )
+    try:
+        try:
+            code = proc.wait(timeout=case.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+            code = -1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    wall = time.monotonic() - t0
+    try:
+        doc = json.loads((Path(out_dir) / "results.json").read_text())
+    except (OSError, ValueError):
+        doc = {}
+    return CaseRun(case, code, doc, wall, tuple(argv), out_dir)

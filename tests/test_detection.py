@@ -1,0 +1,79 @@
+"""Detection matrix: every planted defect is caught by its check, and only by it.
+
+Each case (tests/detection_cases.py) runs ``harness run SCENARIO --quick --sut-cmd
+"python -m reference_server --fault ..."`` as a real subprocess: a real server, a real
+headless Locust run, the real verdict. A defect case must exit 1 with its intended check
+failed, the value on the wrong side of the threshold, and no check failed that its
+allow-list does not explain; a healthy control must exit 0.
+
+The healthy steady-state run is made once per session: its capacity sizes the per-minute
+leaks and is pinned for the cases that need a known offered rate.
+
+Set ``HARNESS_DETECTION_OUT=DIR`` to keep each case's results in DIR/<case> (then
+``python bench/detection_table.py --from DIR`` renders docs/detection.md from them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.detection_cases import BY_NAME, CAPACITY_CASE, CASES, CaseRun, capacity_of, judge
+from tests.detection_cases import run_case as _run_case
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _out_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
+    base = os.environ.get("HARNESS_DETECTION_OUT")
+    if base:
+        return str(Path(base) / name)
+    return str(tmp_path_factory.mktemp(f"det-{name}"))
+
+
+def _known_faults() -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "reference_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    ).stdout
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
+    case = BY_NAME[CAPACITY_CASE]
+    return _run_case(case, _out_dir(tmp_path_factory, case.name), None, cwd=str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def server_help() -> str:
+    return _known_faults()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_detection(
+    case, healthy_run: CaseRun, server_help: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if case.name == CAPACITY_CASE:
+        run = healthy_run
+    else:
+        fault_name = (case.fault or "").split(":")[0]
+        if fault_name and fault_name not in server_help:
+            pytest.fail(f"reference_server has no fault {fault_name!r} (see --help)")
+        capacity = capacity_of(healthy_run.doc)
+        if case.pin_capacity or "{per_request}" in (case.fault or ""):
+            assert capacity, f"healthy run measured no capacity: {healthy_run.out_dir}"
+        run = _run_case(case, _out_dir(tmp_path_factory, case.name), capacity, cwd=str(ROOT))
+    problems = judge(case, run.exit_code, run.doc)
+    assert not problems, (
+        f"{case.name}: {'; '.join(problems)} (results in {run.out_dir}, "
+        f"command: {' '.join(run.argv)})"
+    )
