@@ -182,9 +182,20 @@ def load_runs(base: Path, cases: Sequence[DetectionCase]) -> list[CaseRun]:
         except (OSError, ValueError):
             print(f"skip {case.name}: no results.json in {d}", file=sys.stderr)
             continue
-        code = _exit_code_of(doc)
-        wall = float((doc.get("scenarios") or [{}])[0].get("duration_s") or 0.0)
-        runs.append(CaseRun(case, code, doc, wall, (), str(d)))
+        try:
+            meta = json.loads((d / "detection_case.json").read_text())
+        except (OSError, ValueError):  # results copied without the runner's record
+            meta = {"exit_code": _exit_code_of(doc), "wall_s": 0.0, "argv": []}
+        runs.append(
+            CaseRun(
+                case,
+                int(meta["exit_code"]),
+                doc,
+                float(meta["wall_s"]),
+                tuple(meta["argv"]),
+                str(d),
+            )
+        )
     return runs
 
 

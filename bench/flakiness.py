@@ -119,6 +119,10 @@ def summarise(docs: Sequence[Mapping]) -> str:
             f"{cid:30s} {npass:>2d}/{len(cs):<2d} {nskip:>5d}  {cs[0].get('op', ''):2s} "
             f"{thr!s:>9s}  {_spread(vals):32s} {_spread(rel)}"
         )
+    out.append(
+        "(soak.*_trend checks fail only on a significant trend, so a noisy slope above the "
+        "threshold can still pass: their ratio is the slope's, not the verdict's, margin)"
+    )
     return "\n".join(out)
 
 
