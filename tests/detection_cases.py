@@ -181,6 +181,10 @@ CASES: tuple[DetectionCase, ...] = (
         fault="error-rate:0.03",
         duration_s=20,
         locust_args=("--no-verify",),
+        allowed={
+            "steady.throughput": "a 500 is not an ok response: 3 % errors take 3 % of the "
+            "5 % shortfall budget (measured 319.5 ok req/s against a 315.6 floor)",
+        },
         why="a systematic 3 % failure (a bad replica, a flaky dependency) against a 1 % "
         "budget; 20 s at 0.6x is thousands of requests, so 3 % vs 1 % is unambiguous. "
         "--no-verify: the golden fetch before the load needs every single request to "
