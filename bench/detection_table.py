@@ -219,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases = [BY_NAME[n] for n in names]
     command = "python bench/detection_table.py " + " ".join(argv or sys.argv[1:])
     if args.from_dir:
+        command = (
+            f"HARNESS_DETECTION_OUT={args.from_dir} pytest -m slow tests/test_detection.py, "
+            f"then {command}"
+        )
         runs = load_runs(Path(args.from_dir), cases)
         total = None
     else:
