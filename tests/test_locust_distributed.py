@@ -6,7 +6,16 @@ import subprocess
 
 import pytest
 
-from tests.locust_helpers import REPO, SCENARIOS, balanced, hist, locust_cmd, scenario_result, stop
+from tests.locust_helpers import (
+    MECHANICS_CHECKLIST,
+    REPO,
+    SCENARIOS,
+    balanced,
+    hist,
+    locust_cmd,
+    scenario_result,
+    stop,
+)
 from tests.server_fixtures import free_port, start_server
 
 pytestmark = pytest.mark.slow
@@ -35,6 +44,8 @@ def test_master_merges_two_workers(tmp_path) -> None:
                     "--out",
                     str(tmp_path),
                     "--no-sample",
+                    "--checklist",
+                    MECHANICS_CHECKLIST,
                 ),
                 cwd=REPO,
                 stdout=subprocess.PIPE,
