@@ -69,6 +69,8 @@ class ServerState:
                 one_request_per_batch=f.no_batching,
                 single_level=f.ignore_priority,
                 cross_wire_p=f.cross_wire_p or 0.0,
+                fifo_dispatch=f.fifo_dispatch,
+                backoff_grow_s=f.backoff_batching_grow_s,
                 seed=config.seed,
             ),
             clock=clock,

@@ -104,21 +104,40 @@ class BatchQueue:
         times = [h.enqueued for lv in range(self.levels) if (h := self._head(lv)) is not None]
         return min(times) if times else None
 
-    def take(self, max_rows: int, max_requests: int | None = None) -> list[Pending]:
-        """Pop up to ``max_rows`` rows, highest level first, FIFO within a level."""
+    def take(
+        self, max_rows: int, max_requests: int | None = None, *, arrival_order: bool = False
+    ) -> list[Pending]:
+        """Pop up to ``max_rows`` rows, highest level first, FIFO within a level.
+
+        ``arrival_order`` (fault fifo-dispatch) takes the oldest head across all levels
+        instead: priority then only decides which queue bound a request meets.
+        """
         batch: list[Pending] = []
         rows = 0
-        for lv in range(self.levels):
-            while (head := self._head(lv)) is not None:
-                if rows + head.n > max_rows or (
-                    max_requests is not None and len(batch) >= max_requests
-                ):
-                    return batch
-                self._queues[lv].popleft()
-                self.discard(head)
-                batch.append(head)
-                rows += head.n
+        while (lv := self._next_level(arrival_order)) is not None:
+            head = self._queues[lv][0]
+            # the first request always fits: a cap below its rows must not strand it
+            if (batch and rows + head.n > max_rows) or (
+                max_requests is not None and len(batch) >= max_requests
+            ):
+                break
+            self._queues[lv].popleft()
+            self.discard(head)
+            batch.append(head)
+            rows += head.n
         return batch
+
+    def _next_level(self, arrival_order: bool) -> int | None:
+        best: int | None = None
+        for lv in range(self.levels):
+            head = self._head(lv)
+            if head is None:
+                continue
+            if not arrival_order:
+                return lv
+            if best is None or head.enqueued < self._queues[best][0].enqueued:
+                best = lv
+        return best
 
 
 class BatchObserver(Protocol):
@@ -160,7 +179,34 @@ class BatcherConfig:
     one_request_per_batch: bool = False  # fault no-batching
     single_level: bool = False  # fault ignore-priority
     cross_wire_p: float = 0.0  # fault cross-wire
+    fifo_dispatch: bool = False  # fault fifo-dispatch
+    backoff_grow_s: float | None = None  # fault backoff-batching
     seed: int = 0
+
+
+class BatchCap:
+    """Fault backoff-batching: the batch-size cap of a controller that backs off on
+    queue overflow. ``overflow`` halves it (at most once per ``cooldown_s``, never below
+    1); it regains one slot per ``grow_s`` seconds since the last cut, up to ``limit``."""
+
+    def __init__(self, limit: int, grow_s: float, cooldown_s: float = 0.1) -> None:
+        self.limit = limit
+        self.grow_s = grow_s
+        self.cooldown_s = cooldown_s
+        self._base = limit
+        self._anchor = float("-inf")
+        self.cuts = 0
+
+    def value(self, now: float) -> int:
+        grown = (now - self._anchor) / self.grow_s
+        return self.limit if grown >= self.limit else min(self.limit, self._base + int(grown))
+
+    def overflow(self, now: float) -> None:
+        if now - self._anchor < self.cooldown_s:
+            return
+        self._base = max(1, self.value(now) // 2)
+        self._anchor = now
+        self.cuts += 1
 
 
 class Batcher:
@@ -191,6 +237,11 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.cross_wired_batches = 0
+        self.cap = (
+            BatchCap(config.max_batch_size, config.backoff_grow_s)
+            if config.backoff_grow_s is not None
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -237,6 +288,8 @@ class Batcher:
         now = self._clock()
         item = Pending(rows, level, now, now + timeout_s if timeout_s is not None else None)
         if not self.queue.offer(item):
+            if self.cap is not None:
+                self.cap.overflow(now)
             raise QueueFull(
                 f"priority level {level + 1} queue is full ({self.queue.capacity} requests)"
             )
@@ -282,7 +335,7 @@ class Batcher:
         """
         if self._busy >= self.config.workers or self.queue.live == 0:
             return None
-        if self.config.one_request_per_batch or self.queue.live_rows >= self.config.max_batch_size:
+        if self.config.one_request_per_batch or self.queue.live_rows >= self._max_rows(now):
             return 0.0
         oldest = self.queue.oldest()
         if oldest is None:
@@ -290,6 +343,9 @@ class Batcher:
         wait = max(oldest, self._worker_free_since) + self.config.max_delay_s - now
         # Event-loop timers have ~1 ms resolution: closer than half of that is "now".
         return wait if wait > 0.0005 else 0.0
+
+    def _max_rows(self, now: float) -> int:
+        return self.cap.value(now) if self.cap is not None else self.config.max_batch_size
 
     async def _dispatch_loop(self) -> None:
         assert self._wake is not None and self._loop is not None
@@ -315,7 +371,9 @@ class Batcher:
         assert self._loop is not None and self._executor is not None
         now = self._clock()
         max_requests = 1 if self.config.one_request_per_batch else None
-        batch = self.queue.take(self.config.max_batch_size, max_requests)
+        batch = self.queue.take(
+            self._max_rows(now), max_requests, arrival_order=self.config.fifo_dispatch
+        )
         live = []
         for item in batch:
             self._cancel_timer(item)

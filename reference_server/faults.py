@@ -21,6 +21,8 @@ cross-wire in a few % of batches).
 | error-rate | probability per request (0.05) | that request's model call fails: 500 |
 | serialize | — | one process-wide lock around every model execution |
 | slowdown | ms per minute since ready (20) | each batch sleeps uptime_min x MS_PER_MIN ms more |
+| fifo-dispatch | — | priority queues admit per level, batches form in arrival order |
+| backoff-batching | seconds per regained batch slot (1) | a queue overflow halves the batch cap |
 
 The last two differ in *shape* from the others, so the checks can be shown to catch
 defects they were not tuned on. ``late-leak`` is a leak that only shows once a cache
@@ -43,6 +45,18 @@ object is not thread-safe, wrap it in a lock" fix: ``--workers N`` then buys not
 request): each batch sleeps (releasing the GIL, like the sim model) an extra
 minutes-since-ready x MS_PER_MIN ms on the server's injected clock, so latency drifts up
 over a soak while CPU stays flat.
+
+The last two are the overload defects. ``fifo-dispatch`` is priority done halfway: each
+level keeps its own bounded queue (so the high class is admitted while the low one is
+shed), but batches are formed in arrival order across levels, so a high request waits
+behind every queued low one — its latency, not its rejection rate, shows the bug (with a
+deep queue, as Triton's unbounded default). ``backoff-batching`` is a batch-size
+controller with the sign wrong for overload (AIMD keyed on queue overflow, the way
+Clipper keys it on latency): a queue-full rejection halves the batch cap (at most every
+100 ms, down to 1) and the cap regains one slot per GROW_S seconds. Smaller batches cost
+more per request, so an overload that halves the cap lowers capacity below the load,
+which overflows the queue again: a metastable collapse that outlives its trigger (a
+spike, a CPU hog) for as long as the load stays above the small-batch capacity.
 """
 
 from __future__ import annotations
@@ -80,6 +94,8 @@ FAULT_NAMES = (
     "error-rate",
     "serialize",
     "slowdown",
+    "fifo-dispatch",
+    "backoff-batching",
 )
 
 FAULT_HELP = (
@@ -90,7 +106,9 @@ FAULT_HELP = (
     "AFTER_S after ready), stale-output[:P=0.02] (answer with the previous batch's "
     "output), error-rate[:P=0.05] (500 for that request), serialize (one lock around every "
     "model execution), slowdown[:MS_PER_MIN=20] (each batch slower by MS_PER_MIN ms per minute "
-    "since ready); details in reference_server/faults.py"
+    "since ready), fifo-dispatch (priority at admission only), backoff-batching[:GROW_S=1] (a "
+    "queue overflow halves the batch cap, regained one slot per GROW_S); details in "
+    "reference_server/faults.py"
 )
 
 
@@ -110,6 +128,8 @@ class FaultSet:
     error_rate_p: float | None = None
     serialize: bool = False
     slowdown_ms_per_min: float | None = None
+    fifo_dispatch: bool = False
+    backoff_batching_grow_s: float | None = None
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults."""
@@ -142,6 +162,10 @@ class FaultSet:
             out.append("serialize")
         if self.slowdown_ms_per_min is not None:
             out.append(f"slowdown:{self.slowdown_ms_per_min:g}")
+        if self.fifo_dispatch:
+            out.append("fifo-dispatch")
+        if self.backoff_batching_grow_s is not None:
+            out.append(f"backoff-batching:{self.backoff_batching_grow_s:g}")
         return out
 
     def __bool__(self) -> bool:
@@ -221,6 +245,10 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
         elif name == "slowdown":
             kw["slowdown_ms_per_min"] = _num(
                 spec, param or "20", float, 0.0, None, "slowdown:MS_PER_MIN with MS_PER_MIN >= 0"
+            )
+        elif name == "backoff-batching":
+            kw["backoff_batching_grow_s"] = _num(
+                spec, param or "1", float, 0.001, None, "backoff-batching:GROW_S with GROW_S > 0"
             )
         else:
             if param:

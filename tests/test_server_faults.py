@@ -105,6 +105,37 @@ def test_ignore_priority_serves_fifo() -> None:
         assert high.end > max(a.end for a in defaults)
 
 
+def test_fifo_dispatch_admits_per_level_but_serves_in_arrival_order() -> None:
+    args = ("--model", "sim", "--sim-base-ms", "100", "--max-batch-size", "1")
+    with start_server(*args, "--queue-size", "16", "--fault", "fifo-dispatch") as srv:
+        assert listed_faults(srv) == ["fifo-dispatch"]
+        high, defaults = backlog_order(srv, n_default=4)
+        assert high.status == 200
+        # Without the fault it finishes first; with it, after every earlier default one.
+        assert high.end > max(a.end for a in defaults)
+
+
+def test_backoff_batching_collapses_the_batch_size_after_an_overflow() -> None:
+    # 16 clients against a queue of 4 overflow it again and again, > 100 ms apart: two
+    # cuts take the cap from 4 to 1.
+    args = ("--model", "sim", "--sim-base-ms", "20", "--queue-size", "4", "--max-batch-size", "4")
+    with start_server(*args, "--fault", "backoff-batching:60") as srv:
+        assert listed_faults(srv) == ["backoff-batching:60"]
+        answers = run_clients(srv, 16, 40, infer_body([SIM_ROW]))
+        assert any(a.status == 503 for a in answers)  # the overflows that cut the cap
+        before = scrape(srv.url)
+        answers = run_clients(srv, 4, 5, infer_body([SIM_ROW]))  # fits the queue: no 503
+        assert all(a.status == 200 for a in answers)
+        after = scrape(srv.url)
+        rows, batches = (
+            metric_sum(after, name) - metric_sum(before, name)
+            for name in ("refserver_inference_count_total", "refserver_execution_count_total")
+        )
+        # 4 concurrent clients batch ~4 per 20 ms batch on a healthy server; the cap, cut
+        # to 1 by the overflow burst and regaining a slot per minute, runs them one by one
+        assert rows == 20 and batches == 20
+
+
 def test_cross_wire_swaps_outputs_between_requests() -> None:
     sim = SimModel("sim", (16, 4), 0.0, 0.0, seed=0)
 

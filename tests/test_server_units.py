@@ -7,7 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from reference_server.batcher import Batcher, BatcherConfig, BatchQueue, Pending, QueueFull
+from reference_server.batcher import (
+    BatchCap,
+    Batcher,
+    BatcherConfig,
+    BatchQueue,
+    Pending,
+    QueueFull,
+)
 from reference_server.config import ConfigError, ServerConfig, parse_config
 from reference_server.faults import FaultSet, parse_faults
 from reference_server.models import MLPModel, SimModel
@@ -141,6 +148,42 @@ def test_take_stops_at_a_request_that_does_not_fit() -> None:
     for x in (a, b, c):
         q.offer(x)
     assert q.take(max_rows=4) == [a]  # FIFO: c does not jump over b
+
+
+def test_arrival_order_ignores_levels_when_forming_batches() -> None:
+    # fault fifo-dispatch: bounds stay per level, batches follow arrival time
+    q = BatchQueue(levels=2, capacity=2)
+    low = [item(1, t) for t in (0, 1)]
+    high = item(0, 5)
+    for x in (*low, high):
+        assert q.offer(x)
+    assert not q.offer(item(1, 6)) and q.offer(item(0, 7))  # admission still per level
+    assert q.take(max_rows=3, arrival_order=True) == [low[0], low[1], high]
+
+
+def test_a_cap_below_a_request_still_takes_that_request() -> None:
+    q = BatchQueue(levels=1, capacity=4)
+    big, small = item(0, 0, n=4), item(0, 1)
+    q.offer(big)
+    q.offer(small)
+    assert q.take(max_rows=1) == [big]  # never stranded by a collapsed cap
+    assert q.take(max_rows=1) == [small]
+
+
+def test_batch_cap_halves_on_overflow_and_regains_a_slot_per_grow_s() -> None:
+    cap = BatchCap(32, grow_s=1.0, cooldown_s=0.1)
+    assert cap.value(0.0) == 32
+    cap.overflow(10.0)
+    assert cap.value(10.0) == 16
+    cap.overflow(10.05)  # within the cooldown: one overflow burst is one cut
+    assert cap.value(10.05) == 16 and cap.cuts == 1
+    for k in range(4):
+        cap.overflow(10.2 + 0.2 * k)
+    assert cap.value(10.8) == 1  # 16 -> 8 -> 4 -> 2 -> 1, never 0
+    assert cap.value(13.8) == 4  # three slots regained in three seconds
+    cap.overflow(13.8)
+    assert cap.value(13.8) == 2  # a new overflow halves the regrown cap
+    assert cap.value(13.8 + 100) == 32  # regrows to the limit, not past it
 
 
 def test_discard_is_lazy_and_keeps_counts() -> None:
