@@ -428,6 +428,31 @@ def test_contention_fail_fast_and_recovery() -> None:
     assert c.value is None
 
 
+def test_contention_recovery_band_comes_from_before_the_first_hog() -> None:
+    # A server that never recovers: slow from the first hog block on, through the second
+    # baseline block. That block must not widen the band it is judged against.
+    rows = [row(t, 10.0 if t < 15 else 300.0, ok=100) for t in range(75)]
+    blocks = [
+        ("baseline", 0, 15),
+        ("hog", 15, 30),
+        ("baseline", 30, 45),
+        ("hog", 45, 60),
+        ("after", 60, 75),
+    ]
+    sc = result(
+        contention={
+            "blocks": [
+                {"kind": k, "stage": f"{k}_{i}", "start_s": a, "end_s": b}
+                for i, (k, a, b) in enumerate(blocks)
+            ]
+        },
+        windows={"width_s": 1.0, "rows": rows},
+    )
+    c = run("contention.recovery_s", sc)
+    failed(c)
+    assert c.value is None and "20 ms" in c.detail  # band = max(10 x 2, 10 + 10)
+
+
 # --- soak ------------------------------------------------------------------------------------
 
 
