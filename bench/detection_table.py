@@ -56,19 +56,14 @@ def _check(doc: Mapping, check_id: str) -> Mapping | None:
     return None
 
 
-def _row(run: CaseRun) -> str:
+def _rows(run: CaseRun) -> list[str]:
+    """One row per check the case must see fail (one for a healthy control)."""
     case = run.case
-    c = _check(run.doc, case.check) or {}
     problems = judge(case, run.exit_code, run.doc)
     if case.expect_pass:
         outcome = "passes ✓" if not problems else "**FAILED** ✗"
     else:
         outcome = "caught ✓" if not problems else "**missed** ✗"
-    unit = c.get("unit") or ""
-    measured = _fmt(c.get("value"))
-    if c.get("skipped"):
-        measured = f"skipped: {c['skipped']}"
-    threshold = f"{c.get('op', '')} {_fmt(c.get('threshold'))} {unit}".strip()
     fault = case.fault_spec(_capacity_hint(run)) if case.fault else None
     planted = f"`--fault {fault}`" if fault else ""
     if case.server_args:
@@ -78,21 +73,32 @@ def _row(run: CaseRun) -> str:
         f"{x['id']}"
         for sc in run.doc.get("scenarios") or []
         for x in sc.get("checks") or []
-        if x.get("passed") is False and x.get("id") != case.check
+        if x.get("passed") is False and x.get("id") not in case.intended
     ]
     note = "; ".join(problems) if problems else ("also failed: " + ", ".join(also) if also else "")
-    cells = [
-        defect,
-        planted or "—",
-        f"`{case.scenario}`",
-        f"`{case.check}`",
-        f"{measured} {unit}".strip() if not c.get("skipped") else measured,
-        threshold,
-        outcome,
-        f"exit {run.exit_code}, {run.wall_s:.0f} s",
-        note.replace("|", "/").replace("\n", " ")[:300],
-    ]
-    return "| " + " | ".join(cells) + " |"
+    rows = []
+    for check_id in case.intended:
+        c = _check(run.doc, check_id) or {}
+        unit = c.get("unit") or ""
+        measured = _fmt(c.get("value"))
+        if c.get("skipped"):
+            measured = f"skipped: {c['skipped']}"
+        elif c.get("value") is None and c.get("passed") is False:
+            measured = "never"
+        threshold = f"{c.get('op', '')} {_fmt(c.get('threshold'))} {unit}".strip()
+        cells = [
+            defect,
+            planted or "—",
+            f"`{case.scenario}`",
+            f"`{check_id}`",
+            measured if c.get("skipped") or measured == "never" else f"{measured} {unit}".strip(),
+            threshold,
+            outcome,
+            f"exit {run.exit_code}, {run.wall_s:.0f} s",
+            note.replace("|", "/").replace("\n", " ")[:300],
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
 
 
 def _capacity_hint(run: CaseRun) -> float | None:
@@ -140,18 +146,19 @@ def render(runs: Sequence[CaseRun], command: str, total_wall_s: float | None) ->
         "",
         "Each row plants one realistic defect in the reference server, runs the scenario "
         "that should catch it through `harness run --quick --sut-cmd ...`, and records the "
-        "intended check's measured value. *Caught* means: exit code 1, the intended check "
+        "intended check's measured value (a case that must fail two checks has a row for "
+        "each). *Caught* means: exit code 1, every intended check "
         "failed with its value on the wrong side of its threshold, and no check failed "
         "that the case's allow-list (in `tests/detection_cases.py`, each with its reason) "
         "does not explain. Healthy controls must exit 0. The same cases run as "
         "`tests/test_detection.py` (marked `slow`).",
         "",
-        f"**{caught} of {len(runs)} rows as expected.**",
+        f"**{caught} of {len(runs)} cases as expected.**",
         "",
         "| defect | planted | scenario | check | measured | threshold | result | run | notes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    lines += [_row(r) for r in runs]
+    lines += [row for r in runs for row in _rows(r)]
     lines += [
         "",
         "## Conditions",
