@@ -97,3 +97,43 @@ def test_parse_answer_flattens_and_orders_outputs() -> None:
 def test_parse_answer_rejects_non_v2_bodies(body: bytes) -> None:
     with pytest.raises(BadResponse):
         parse_answer(body)
+
+
+# -- golden fetch against a real server ---------------------------------------------------
+
+
+def _sim_pool(port: int, n: int):
+    from harness.load.payloads import ClassParams, InputSpec, PayloadPool, generate_inputs
+
+    inputs = generate_inputs([InputSpec("input", "FP32", (1, 16))], n, seed=3)
+    return PayloadPool(
+        "127.0.0.1", port, "/v2/models/sim/infer", inputs, [ClassParams("default", 0, None)]
+    )
+
+
+@pytest.mark.slow
+def test_golden_fetch_retries_a_transient_5xx() -> None:
+    from harness.load.target import fetch_golden
+    from tests.server_fixtures import start_server
+
+    pauses: list[float] = []
+    # error-rate answers 500 for 20 % of requests (seeded, so the same ones every run)
+    with start_server("--model", "sim", "--sim-base-ms", "0", "--fault", "error-rate:0.2") as srv:
+        golden = fetch_golden(_sim_pool(srv.port, 24), "127.0.0.1", srv.port, 5.0, pauses.append)
+    assert len(golden.outputs) == 24
+    assert pauses and pauses[0] == 0.1  # some 500s were retried, after a short pause
+
+
+@pytest.mark.slow
+def test_golden_fetch_gives_up_on_a_server_that_keeps_failing() -> None:
+    from harness.errors import TargetUnavailable
+    from harness.load.target import GOLDEN_TRIES, fetch_golden
+    from tests.server_fixtures import start_server
+
+    pauses: list[float] = []
+    with (
+        start_server("--model", "sim", "--sim-base-ms", "0", "--fault", "error-rate:1") as srv,
+        pytest.raises(TargetUnavailable, match=r"HTTP 500 .*\(4 tries\).*--no-verify"),
+    ):
+        fetch_golden(_sim_pool(srv.port, 4), "127.0.0.1", srv.port, 5.0, pauses.append)
+    assert len(pauses) == GOLDEN_TRIES - 1

@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +22,49 @@ from harness.load import http, integrity, payloads
 log = logging.getLogger("harness.load")
 
 
+# A transient 5xx/429 before the load (one failed model call, a momentarily full queue)
+# must not abort the run: each golden request gets this many tries, with these pauses.
+GOLDEN_TRIES = 4
+GOLDEN_BACKOFF_S = (0.1, 0.5, 1.0)
+
+
 def fetch_golden(
-    pool: payloads.PayloadPool, host: str, port: int, timeout_s: float
+    pool: payloads.PayloadPool,
+    host: str,
+    port: int,
+    timeout_s: float,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> integrity.Golden:
-    """Send every pool input once, one at a time (batch size 1), and keep the answers."""
+    """Send every pool input once, one at a time (batch size 1), and keep the answers.
+
+    A 5xx or 429 answer is retried (``GOLDEN_TRIES`` in all); a server that keeps failing
+    one input, or does not answer, is unavailable for an integrity-checked run.
+    """
     conn = http.Connection(host, port)
     cls = pool.class_names[-1]
     outputs = []
+    retried = 0
     try:
 
         def ask(i: int, n: int) -> tuple[Any, ...]:
-            rid = payloads.make_id(0xFFFE, n)
-            try:
-                status, body = conn.exchange(pool.raw(cls, i, rid), max(timeout_s, 10.0))
-            except (http.RequestTimeout, http.ConnectionFailed) as exc:
-                raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
+            nonlocal retried
+            for attempt in range(GOLDEN_TRIES):
+                rid = payloads.make_id(0xFFFE, n)
+                try:
+                    status, body = conn.exchange(pool.raw(cls, i, rid), max(timeout_s, 10.0))
+                except (http.RequestTimeout, http.ConnectionFailed) as exc:
+                    raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
+                if (status >= 500 or status == 429) and attempt + 1 < GOLDEN_TRIES:
+                    retried += 1
+                    sleep(GOLDEN_BACKOFF_S[min(attempt, len(GOLDEN_BACKOFF_S) - 1)])
+                    continue
+                break
             if status != 200:
                 raise TargetUnavailable(
-                    f"golden output for pool input {i}: HTTP {status} {body[:200]!r}; the "
-                    f"server must answer single requests before load starts"
+                    f"golden output for pool input {i}: HTTP {status} {body[:200]!r}"
+                    + (f" ({GOLDEN_TRIES} tries)" if status >= 500 or status == 429 else "")
+                    + "; the server must answer single requests before load starts "
+                    "(--no-verify skips the integrity check and this fetch)"
                 )
             try:
                 return integrity.parse_answer(body)[1]
@@ -50,6 +76,8 @@ def fetch_golden(
         repeats = [(i, ask(i, len(pool) + i)) for i in range(min(8, len(pool)))]
     finally:
         conn.close()
+    if retried:
+        log.warning("harness: golden fetch retried %d request(s) after a 5xx/429", retried)
     return integrity.build_golden(outputs, repeats)
 
 
