@@ -528,7 +528,19 @@ def test_with_duration_stretches_the_whole_timeline() -> None:
     assert [st.rate for st in d.stages] == [st.rate for st in s.stages]
     with pytest.raises(ConfigError, match="--duration = 0 is not valid"):
         s.with_duration(0)
-    with pytest.raises(ConfigError, match="call with_cores"):
-        load_scenario("linearity").with_duration(60)
     lin = load_scenario("linearity", "quick").with_cores(2).with_duration(45)
     assert lin.duration_s == pytest.approx(45) and lin.stages[0].users == 16
+
+
+def test_duration_before_the_cores_are_known_applies_once_they_are() -> None:
+    # `harness run linearity --duration 60`: the options apply --duration before the
+    # controller knows the server's cores (points = "auto" has no stages yet)
+    pending = load_scenario("linearity", "quick").with_duration(60)
+    assert pending.stages == () and pending.duration_target_s == 60
+    for cores in (1, 2, 4):
+        lin = pending.with_cores(cores)
+        assert lin.duration_s == pytest.approx(60) and lin.duration_target_s is None
+        direct = load_scenario("linearity", "quick").with_cores(cores).with_duration(60)
+        assert lin.stages == direct.stages
+    with pytest.raises(ConfigError, match="--duration = -1 is not valid"):
+        load_scenario("linearity").with_duration(-1)

@@ -221,6 +221,9 @@ class Scenario:
     )  # check id → threshold/parameter overrides ({} = the check's defaults)
     linearity: LinearitySpec | None = None
     contention: ContentionSpec | None = None
+    # --duration for a timeline that does not exist yet (linearity points = "auto"):
+    # applied by with_cores once the stages are known
+    duration_target_s: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -234,7 +237,10 @@ class Scenario:
         """Expand what depends on the SUT's core count (linearity ``points = "auto"``)."""
         if self.linearity is None or self.linearity.points:
             return self
-        return replace(self, stages=self.linearity.stages(cores))
+        expanded = replace(self, stages=self.linearity.stages(cores), duration_target_s=None)
+        if self.duration_target_s is not None:
+            return expanded.with_duration(self.duration_target_s)
+        return expanded
 
     def scaled(self, factor: float) -> Scenario:
         """Every duration × ``factor`` (stages, warm-ups, chaos timeline, sweep, blocks)."""
@@ -273,10 +279,8 @@ class Scenario:
         if not (total_s > 0 and math.isfinite(total_s)):
             raise ConfigError(f"--duration = {total_s!r} is not valid; use seconds > 0")
         if not self.stages:
-            raise ConfigError(
-                f"{self.source}: the stages depend on the server's cores "
-                '(linearity points = "auto"); call with_cores() before with_duration()'
-            )
+            # the stages depend on the server's cores: with_cores() applies this later
+            return replace(self, duration_target_s=total_s)
         return self.scaled(total_s / self.duration_s)
 
     def stage_at(self, t_s: float) -> Stage | None:
