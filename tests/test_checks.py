@@ -519,6 +519,37 @@ def test_threads_and_fds_trends() -> None:
     skipped(run("soak.fds_trend", soak_result(with_fds=False)), "'fds'")
 
 
+def _fd_series(file_per_min: float, socket_per_min: float, seed: int = 1) -> dict[str, Any]:
+    """10 minutes of fds: 40 files/pipes plus a socket count that wanders by ±15 (client
+    connections coming and going), each with its own leak rate."""
+    rng = np.random.default_rng(seed)
+    sc = soak_result(seconds=600)
+    t = np.asarray(sc["server"]["series"]["t"])
+    sockets = np.floor(60 + socket_per_min * t / 60 + rng.integers(-15, 16, t.size))
+    files = np.floor(40 + file_per_min * t / 60)
+    sc["server"]["series"]["socket_fds"] = sockets.tolist()
+    sc["server"]["series"]["fds"] = (sockets + files).tolist()
+    return sc
+
+
+def test_fds_trend_judges_sockets_and_other_fds_apart() -> None:
+    # 2 leaked files/min under ±15 socket noise: plain in the non-socket series
+    c = run("soak.fds_trend", _fd_series(file_per_min=2.0, socket_per_min=0.0))
+    failed(c)
+    assert c.value == pytest.approx(2.0, rel=0.2) and "non-socket fd leak" in c.detail
+    assert "socket fds" in c.detail  # the other series is reported alongside
+    # a socket leak is still caught, on its own series
+    c = run("soak.fds_trend", _fd_series(file_per_min=0.0, socket_per_min=6.0))
+    failed(c)
+    assert c.value == pytest.approx(6.0, rel=0.3) and "socket fd leak" in c.detail
+    passed(run("soak.fds_trend", _fd_series(file_per_min=0.0, socket_per_min=0.0)))
+    # samples from before socket_fds was recorded: the total, as before
+    old = _fd_series(file_per_min=0.0, socket_per_min=0.0)
+    old["server"]["series"]["socket_fds"] = [None] * 600
+    c = run("soak.fds_trend", old)
+    assert "socket" not in c.detail
+
+
 def test_latency_drift() -> None:
     flat = result(windows={"width_s": 1.0, "rows": [row(t, 20.0 + t % 4) for t in range(120)]})
     c = run("soak.latency_drift", flat)

@@ -48,15 +48,17 @@ NAMED_THREADS = textwrap.dedent(
     """
 )
 
-# Grows memory, threads and open fds steadily, then holds.
+# Grows memory, threads, open files and sockets steadily, then holds.
 LEAKER = textwrap.dedent(
     """
-    import os, threading, time
+    import os, socket, threading, time
     hold, files = [], []
     print("ready", flush=True)
     for i in range(40):
         hold.append(bytearray(1_000_000))  # touched: it shows in RSS
         files.append(open(os.devnull))
+        if i % 8 == 0:
+            files.extend(socket.socketpair())  # two socket fds
         if i % 4 == 0:
             threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
         time.sleep(0.05)
@@ -217,6 +219,9 @@ def test_leaking_child_shows_growth(tmp_path):
     assert last.rss_bytes - first.rss_bytes > 20_000_000
     assert last.threads - first.threads >= 5
     assert last.fds - first.fds >= 20
+    # sockets are counted apart (they churn with connections; files do not)
+    assert last.socket_fds - first.socket_fds >= 6
+    assert (last.fds - last.socket_fds) - (first.fds - first.socket_fds) >= 20
     uss = [t.uss_bytes for t in ticks if t.uss_bytes is not None]
     assert 2 <= len(uss) < len(ticks)  # taken every ~0.5 s, not every tick
     assert uss[-1] > uss[0]

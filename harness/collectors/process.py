@@ -42,6 +42,7 @@ PROCESS_COLUMNS = [
     "sys_pct",
     "cswch_s",
     "nvcswch_s",
+    "socket_fds",
 ]
 THREAD_COLUMNS = [
     "t",
@@ -76,6 +77,7 @@ class ThreadRow(NamedTuple):
     cpu: int
     cswch_s: float
     nvcswch_s: float
+    socket_fds: int = 0  # of ``fds``
 
     def as_row(self) -> tuple:
         return tuple(self)
@@ -125,6 +127,7 @@ class ProcessTick:
     sys_pct: float
     cswch_s: float
     nvcswch_s: float
+    socket_fds: int = 0  # of ``fds``
 
     def as_row(self) -> tuple:
         return (
@@ -142,6 +145,7 @@ class ProcessTick:
             self.sys_pct,
             self.cswch_s,
             self.nvcswch_s,
+            self.socket_fds,
         )
 
 
@@ -238,7 +242,7 @@ class ProcessSampler:
         rows: list[ThreadRow] = []
         proc_ticks = [0, 0, 0]  # Δ(utime−guest), Δstime, Δ(utime+stime)
         cs = [0, 0]
-        rss = n_threads = n_fds = 0
+        rss = n_threads = n_fds = n_sockets = 0
         take_uss = emit and t >= self._uss_next
         uss = pss = 0 if take_uss else None
         live = 0
@@ -256,7 +260,10 @@ class ProcessSampler:
                 proc_ticks[1] += pst.stime - prev_p[1]
                 proc_ticks[2] += (pst.utime + pst.stime) - (prev_p[0] + prev_p[1])
             rss += procfs.read_rss_bytes(pid) or 0
-            n_fds += procfs.count_fds(pid) or 0
+            fds = procfs.count_fds_split(pid)
+            if fds is not None:
+                n_fds += fds[0]
+                n_sockets += fds[1]
             if take_uss:
                 up = procfs.read_uss_pss_bytes(pid)
                 if up is not None:
@@ -291,6 +298,7 @@ class ProcessSampler:
             sys_pct=round(proc_ticks[1] * scale, 2),
             cswch_s=round(cs[0] / dt, 2),
             nvcswch_s=round(cs[1] / dt, 2),
+            socket_fds=n_sockets,
         )
         self.recent.append(tick)
         self.last_threads = rows

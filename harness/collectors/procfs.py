@@ -107,11 +107,22 @@ def read_uss_pss_bytes(pid: int) -> tuple[int, int] | None:
     return uss, pss
 
 
-def count_fds(pid: int) -> int | None:
+def count_fds_split(pid: int) -> tuple[int, int] | None:
+    """(open fds, of which sockets). Sockets come and go with client connections; files,
+    pipes and eventfds do not, so a leak of those shows in a quiet series of its own."""
+    total = sockets = 0
     try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
+        with os.scandir(f"/proc/{pid}/fd") as it:
+            for entry in it:
+                total += 1
+                try:
+                    if os.readlink(entry.path).startswith("socket:"):
+                        sockets += 1
+                except OSError:
+                    pass  # closed between the listing and the readlink
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    return total, sockets
 
 
 def list_tids(pid: int) -> list[int]:

@@ -13,7 +13,16 @@ from pathlib import Path
 from harness.collectors.metrics import series_key
 from harness.errors import ResultFormatError
 
-SERVER_SERIES = ("t", "rss_bytes", "uss_bytes", "threads", "fds", "cpu_pct", "late_s")
+SERVER_SERIES = (
+    "t",
+    "rss_bytes",
+    "uss_bytes",
+    "threads",
+    "fds",
+    "socket_fds",  # absent (None) in samples written before it was recorded
+    "cpu_pct",
+    "late_s",
+)
 
 
 def _num(text: str) -> float | int | None:
@@ -47,7 +56,7 @@ def _server(d: Path, meta: dict, top: int) -> dict | None:
     series: dict[str, list] = {k: [] for k in SERVER_SERIES}
     for row in _rows(path):
         for k in SERVER_SERIES:
-            series[k].append(_num(row[k]))
+            series[k].append(_num(row.get(k) or ""))
     return {
         "pid": meta.get("pid"),
         "interval_s": meta.get("interval_s"),
@@ -121,7 +130,7 @@ def _system(d: Path) -> dict | None:
     per_core: list[list] = [[] for _ in cores]
     for row in _rows(path):
         for k in series:
-            series[k].append(_num(row[k]))
+            series[k].append(_num(row.get(k) or ""))
         for i, c in enumerate(cores):
             per_core[i].append(_num(row[c]))
     series["per_core"] = per_core
