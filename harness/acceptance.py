@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -297,15 +297,29 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[ScenarioRun] = []
     with _Interrupt() as interrupt:
+        current = plan
+        pinned = any(a.startswith("--capacity-rps") for a in plan.extra_args)
         for i, name in enumerate(plan.scenarios, start=1):
             if interrupt.requested:
                 break
-            run = run_one(plan, name, i, len(plan.scenarios), interrupt, show)
+            run = run_one(current, name, i, len(plan.scenarios), interrupt, show)
             runs.append(run)
             if run.document is None and run.returncode == ConfigError.exit_code:
                 # A usage error in the scenario or options: nothing else will go better.
                 raise ConfigError(run.error or f"locust exited 2 for scenario {name}")
             show(_scenario_summary(run))
+            capacity = None if pinned else calibrated_capacity(run.document)
+            if capacity is not None:
+                # One capacity for the whole checklist: "0.6x" is the same rate in every
+                # scenario, and the later ones skip their own probe.
+                pinned = True
+                current = replace(
+                    plan, extra_args=(*plan.extra_args, "--capacity-rps", f"{capacity:.1f}")
+                )
+                show(
+                    f"  capacity {capacity:.1f} req/s (calibrated in {Path(name).stem}; "
+                    "pinned for the scenarios after it)"
+                )
     docs = [r.document for r in runs if r.document is not None]
     if docs:
         doc = merge_documents(docs)
@@ -322,6 +336,14 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
         doc["not_run"] = list(plan.scenarios[len(runs) :])
     doc, code = finish(plan.out_dir, plan.checklist, doc=doc)
     return Outcome(document=doc, exit_code=code, runs=tuple(runs))
+
+
+def calibrated_capacity(document: Mapping[str, Any] | None) -> float | None:
+    """The capacity a scenario's calibration probe measured, if it ran one."""
+    for sc in (document or {}).get("scenarios") or []:
+        if sc.get("calibration") and sc.get("capacity_rps"):
+            return float(sc["capacity_rps"])
+    return None
 
 
 def _scenario_summary(run: ScenarioRun) -> str:

@@ -48,5 +48,9 @@ def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
                 assert c["id"] in MAY_SKIP, f"{c['id']} skipped: {c['skipped']}"
             else:
                 assert c["passed"] is True, c
+    # one calibration for the whole checklist, pinned for the scenarios after it
+    assert sum(1 for sc in doc["scenarios"] if sc.get("calibration")) == 1
+    assert len({sc["capacity_rps"] for sc in doc["scenarios"] if sc.get("capacity_rps")}) == 1
+    assert "pinned for the scenarios after it" in r.stdout
     for name in ("report.html", "junit.xml", "summary.md"):
         assert (tmp_path / name).stat().st_size > 0

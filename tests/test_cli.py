@@ -191,3 +191,13 @@ def test_compare_same_run_is_no_regression_and_other_machine_is_refused(tmp_path
     assert r.returncode == 2
     assert "--force" in one_line_error(r.stderr)
     assert harness("compare", str(base), str(other), "--force").returncode in (0, 1)
+
+
+def test_acceptance_pins_the_first_calibrated_capacity():
+    from harness.acceptance import calibrated_capacity
+
+    assert calibrated_capacity(None) is None
+    pinned = {"scenarios": [{"name": "spike", "capacity_rps": 610.0, "calibration": None}]}
+    assert calibrated_capacity(pinned) is None  # given, not measured: nothing new to pin
+    measured = {"scenarios": [{"capacity_rps": 612.5, "calibration": {"capacity_rps": 612.5}}]}
+    assert calibrated_capacity(measured) == 612.5
