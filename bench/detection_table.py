@@ -32,6 +32,7 @@ from tests.detection_cases import (  # noqa: E402 — needs the repo root on sys
     BY_NAME,
     CAPACITY_CASE,
     CASES,
+    NOT_PLANTABLE,
     CaseRun,
     DetectionCase,
     capacity_of,
@@ -101,6 +102,25 @@ def _rows(run: CaseRun) -> list[str]:
     return rows
 
 
+def _coverage() -> list[str]:
+    """Which defect cases fail each check of the checklist (from the case list)."""
+    from harness.checks import CHECK_IDS
+
+    out = [
+        "## Coverage",
+        "",
+        "Every check of the checklist and the defect cases that must fail it:",
+        "",
+        "| check | failed by |",
+        "|---|---|",
+    ]
+    for cid in CHECK_IDS:
+        names = [c.name for c in CASES if not c.expect_pass and cid in c.intended]
+        cell = ", ".join(f"`{n}`" for n in names) or f"— {NOT_PLANTABLE.get(cid, '**none**')}"
+        out.append(f"| `{cid}` | {cell} |")
+    return out
+
+
 def _capacity_hint(run: CaseRun) -> float | None:
     """The capacity the case's fault was sized from (recorded as its pinned capacity)."""
     cap = capacity_of(run.doc)
@@ -159,6 +179,7 @@ def render(runs: Sequence[CaseRun], command: str, total_wall_s: float | None) ->
         "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [row for r in runs for row in _rows(r)]
+    lines += ["", *_coverage()]
     lines += [
         "",
         "## Conditions",

@@ -411,6 +411,15 @@ CASES: tuple[DetectionCase, ...] = (
     ),
 )
 
+# Checks no server defect can fail, and where they are proven instead. Every other check
+# must be an intended check of some defect case (tests/test_detection.py enforces it).
+NOT_PLANTABLE: Mapping[str, str] = {
+    "accounting.balanced": "an invariant of the harness's own bookkeeping (scheduled = ok + "
+    "failed + dropped + in flight), not a property of the server: no server can unbalance "
+    "it. Proven on unbalanced synthetic counters (tests/test_checks.py::"
+    "test_accounting_balanced) and, as a validity rule, in tests/test_checks_engine.py",
+}
+
 BY_NAME: Mapping[str, DetectionCase] = {c.name: c for c in CASES}
 CAPACITY_CASE = "healthy-steady"
 

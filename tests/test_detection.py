@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.detection_cases import BY_NAME, CAPACITY_CASE, CASES, CaseRun, capacity_of, judge
+from tests.detection_cases import (
+    BY_NAME,
+    CAPACITY_CASE,
+    CASES,
+    NOT_PLANTABLE,
+    CaseRun,
+    capacity_of,
+    judge,
+)
 from tests.detection_cases import run_case as _run_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +52,18 @@ def _known_faults() -> str:
         timeout=60,
         cwd=ROOT,
     ).stdout
+
+
+def test_every_check_has_a_defect_that_fails_it() -> None:
+    """Every check proves itself: each is an intended check of some defect case, or is
+    listed in NOT_PLANTABLE with where it is proven instead."""
+    from harness.checks import CHECK_IDS
+
+    covered = {cid for c in CASES if not c.expect_pass for cid in c.intended}
+    assert covered <= set(CHECK_IDS), covered - set(CHECK_IDS)
+    missing = set(CHECK_IDS) - covered - set(NOT_PLANTABLE)
+    assert not missing, f"checks no detection case fails: {sorted(missing)}"
+    assert not covered & set(NOT_PLANTABLE)
 
 
 @pytest.fixture(scope="session")
