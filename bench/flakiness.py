@@ -123,7 +123,25 @@ def summarise(docs: Sequence[Mapping]) -> str:
         "(soak.*_trend checks fail only on a significant trend, so a noisy slope above the "
         "threshold can still pass: their ratio is the slope's, not the verdict's, margin)"
     )
+    out += ["", *validity_summary(docs)]
     return "\n".join(out)
+
+
+def validity_summary(docs: Sequence[Mapping]) -> list[str]:
+    """Per scenario, how close the runs came to being judged invalid (ratio > 1 is)."""
+    sys.path.insert(0, str(ROOT))
+    from harness.checks.engine import validity_margins
+
+    margins: dict[tuple[str, str], list[float]] = {}
+    for doc in docs:
+        for sc in doc.get("scenarios") or []:
+            for name, (value, limit) in validity_margins(sc).items():
+                if value is not None and limit:
+                    margins.setdefault((str(sc.get("name")), name), []).append(value / limit)
+    out = [f"{'validity (value/limit, >1 is invalid)':40s} min / median / max"]
+    for (scenario, name), ratios in sorted(margins.items()):
+        out.append(f"{scenario + ' ' + name:40s} {_spread(ratios)}")
+    return out
 
 
 def conditions(runs: int, scenarios: str | None, wall_s: float | None) -> str:

@@ -177,6 +177,24 @@ def test_validity_dispatch_lag_is_relative_to_the_scenarios_slo() -> None:
     assert validity(good_steady(dispatch_lag_hdr=lag), {"steady.p99_ms": {"threshold": 100}})
 
 
+def test_validity_margins_report_how_close_a_run_came() -> None:
+    from harness.checks.engine import validity_margins
+
+    t = [float(i) for i in range(40)]
+    cpu = [40.0] * 20 + [97.0] * 10 + [40.0] * 10
+    cpu[28] = 70.0  # t = 20..25 still holds 97 % for 5 s
+    lag = hdr([1000] * 980 + [15_000] * 20)
+    sc = good_steady(dispatch_lag_hdr=lag, system={"series": {"t": t, "loadgen_cpu_pct": cpu}})
+    m = validity_margins(sc)
+    assert m["dispatch_lag_p99_ms"][0] == pytest.approx(15.0, rel=0.01)
+    assert m["dispatch_lag_p99_ms"][1] == pytest.approx(20.0)
+    assert m["loadgen_cpu_pct"] == (97.0, 90.0)
+    cpu[23] = 70.0  # now no 5 s window holds 97 %: the held level is the dip's
+    assert validity_margins(sc)["loadgen_cpu_pct"] == (70.0, 90.0)
+    assert validity_margins({**sc, "load": {"workers": 2}})["loadgen_cpu_pct"][1] == 180.0
+    assert validity_margins({}) == {}
+
+
 def test_validity_sampler_gaps_and_accounting() -> None:
     server = {"pid": 1, "interval_s": 1.0, "ticks": 50, "missed_ticks": 10, "series": {"t": []}}
     (reason,) = validity(good_steady(server=server))

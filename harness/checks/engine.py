@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from harness.analysis import validity as v
+from harness.analysis.percentiles import percentile_ms
 from harness.checks import _data as d
 from harness.checks.model import Check
 from harness.checks.registry import REGISTRY, resolve_params, run_check
@@ -157,6 +158,40 @@ def validity(
             if entry.get("counters"):
                 reasons.append(v.accounting_unbalanced(entry["counters"], f"class '{name}'"))
     return [r for r in reasons if r]
+
+
+def validity_margins(
+    scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> dict[str, tuple[float | None, float]]:
+    """How close a run came to the validity limits: name → (measured, limit).
+
+    ``dispatch_lag_p99_ms``: the open-loop lag p99 and 10 % (``lag_max_fraction``) of
+    the SLO. ``loadgen_cpu_pct``: the highest level the generator's CPU held for
+    ``loadgen_sustain_s`` (the lowest sample of the hottest such window) and its limit.
+    For bench/flakiness.py: a ratio near 1 is a run about to be judged invalid.
+    """
+    overrides = overrides or {}
+    p = ValidityParams.from_mapping(overrides.get("validity"))
+    out: dict[str, tuple[float | None, float]] = {}
+    lag = d.optional_hist(scenario_result.get("dispatch_lag_hdr"))
+    if lag is not None and lag.get_total_count():
+        slo = _slo_ms(scenario_result, overrides, p.default_slo_ms)
+        out["dispatch_lag_p99_ms"] = (percentile_ms(lag, 99.0), p.lag_max_fraction * slo)
+    sys_series = (scenario_result.get("system") or {}).get("series") or {}
+    t, cpu = sys_series.get("t") or [], sys_series.get("loadgen_cpu_pct") or []
+    if cpu and len(t) == len(cpu):
+        workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
+        held: float | None = None
+        for i in range(len(t)):
+            j = i
+            while j < len(t) and t[j] - t[i] < p.loadgen_sustain_s:
+                j += 1
+            if j < len(t):  # a full window [t_i, t_i + sustain]
+                window = [float(x) for x in cpu[i : j + 1] if x is not None]
+                if window:
+                    held = max(held or 0.0, min(window))
+        out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)
+    return out
 
 
 RUN_COMPLETED = "run.completed"
