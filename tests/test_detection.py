@@ -66,6 +66,13 @@ def test_every_check_has_a_defect_that_fails_it() -> None:
     assert not covered & set(NOT_PLANTABLE)
 
 
+def test_every_fault_switch_has_a_case() -> None:
+    from reference_server.faults import FAULT_NAMES
+
+    planted = {(c.fault or "").split(":")[0] for c in CASES}
+    assert set(FAULT_NAMES) <= planted, sorted(set(FAULT_NAMES) - planted)
+
+
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
     case = BY_NAME[CAPACITY_CASE]
