@@ -314,7 +314,7 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
                 # scenario, and the later ones skip their own probe.
                 pinned = True
                 current = replace(
-                    plan, extra_args=(*plan.extra_args, "--capacity-rps", f"{capacity:.1f}")
+                    plan, extra_args=(*plan.extra_args, "--capacity-rps", repr(capacity))
                 )
                 show(
                     f"  capacity {capacity:.1f} req/s (calibrated in {Path(name).stem}; "

@@ -278,7 +278,7 @@ def contention_blocks(result: Mapping[str, Any], r: Result | None) -> dict[str, 
     "contention.throughput_ratio",
     unit="x",
     op=">=",
-    defaults={"threshold": 0.5, "discard_s": 3.0, "min_windows": 3},
+    defaults={"threshold": 0.4, "discard_s": 3.0, "min_windows": 3},
     summary="median ok throughput with CPU hogs vs without",
 )
 def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
