@@ -51,6 +51,6 @@ def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
     # one calibration for the whole checklist, pinned for the scenarios after it
     assert sum(1 for sc in doc["scenarios"] if sc.get("calibration")) == 1
     assert len({sc["capacity_rps"] for sc in doc["scenarios"] if sc.get("capacity_rps")}) == 1
-    assert "pinned for the scenarios after it" in r.stdout
+    assert "pinned for the scenarios after it" in r.stderr  # the live progress stream
     for name in ("report.html", "junit.xml", "summary.md"):
         assert (tmp_path / name).stat().st_size > 0
