@@ -559,6 +559,17 @@ def test_latency_drift() -> None:
     c = run("soak.latency_drift", drift)
     failed(c)
     assert c.value > 2
+    # linear growth from uptime 0: the fitted end/start ratio over the judged span is
+    # (120 / 30) = 4x; medians of the thirds would give only ~2.3x
+    linear = result(windows={"width_s": 1.0, "rows": [row(t, 5.0 + 1.0 * t) for t in range(120)]})
+    c = run("soak.latency_drift", linear)
+    failed(c)
+    assert c.value > 3 and "Mann–Kendall" in c.detail
+    # a big but random excursion is not a trend
+    rng = np.random.default_rng(3)
+    noisy = [row(t, float(20 + 60 * rng.random())) for t in range(120)]
+    c = run("soak.latency_drift", result(windows={"width_s": 1.0, "rows": noisy}))
+    passed(c)
     skipped(run("soak.latency_drift", result()), "no windowed")
     short = result(windows={"width_s": 1.0, "rows": [row(t, 20.0) for t in range(6)]})
     skipped(run("soak.latency_drift", short), "insufficient")

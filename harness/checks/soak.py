@@ -7,8 +7,15 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
+from scipy.stats import theilslopes
 
-from harness.analysis.trend import TrendParams, TrendResult, leak_test
+from harness.analysis.trend import (
+    TrendParams,
+    TrendResult,
+    bucket_medians,
+    leak_test,
+    mann_kendall,
+)
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
@@ -207,8 +214,15 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
     "soak.latency_drift",
     unit="x",
     op="<=",
-    defaults={"threshold": 2.0, "warmup_frac": 0.25, "min_excess_ms": 5.0, "min_windows": 3},
-    summary="p99 late in the soak vs early (after the warm-up)",
+    defaults={
+        "threshold": 2.0,
+        "warmup_frac": 0.25,
+        "min_excess_ms": 5.0,
+        "min_windows": 3,
+        "alpha": 0.01,
+        "buckets": 20,
+    },
+    summary="p99 trend over the soak: fitted end vs fitted start (after the warm-up)",
 )
 def latency_drift(result: Mapping[str, Any], r: Result) -> Check:
     w = d.windows(result)
@@ -219,29 +233,47 @@ def latency_drift(result: Mapping[str, Any], r: Result) -> Check:
         return r.skipped("no window had a successful response")
     t0, t1 = w.t[0], w.t[-1] + w.width_s
     start = t0 + float(r.params["warmup_frac"]) * (t1 - t0)
-    third = (t1 - start) / 3.0
-    early = [v for t, v in pts if start <= t < start + third]
-    late = [v for t, v in pts if t >= t1 - third]
-    need = int(r.params["min_windows"])
-    if len(early) < need or len(late) < need:
+    span = [(t, v) for t, v in pts if t >= start]
+    need = 3 * int(r.params["min_windows"])
+    if len(span) < need:
         return r.skipped(
-            f"insufficient samples: {len(early)} early and {len(late)} late windows "
-            f"(need >= {need} each) — run the soak longer",
-            n=min(len(early), len(late)),
+            f"insufficient samples: {len(span)} windows after the warm-up (need >= {need}) "
+            "— run the soak longer",
+            n=len(span),
         )
-    e, lt = float(np.median(early)), float(np.median(late))
-    ratio = lt / e if e > 0 else float("inf")
-    ok = r.compare(ratio) or (lt - e) < float(r.params["min_excess_ms"])
+    # Medians of ~20 buckets: per-second p99s are autocorrelated, and the trend test
+    # must not count one slow stretch twenty times.
+    ts = np.asarray([t for t, _ in span])
+    ys = np.asarray([v for _, v in span])
+    bucket_s = max(w.width_s, (ts[-1] - ts[0] + w.width_s) / float(r.params["buckets"]))
+    tb, yb = bucket_medians(ts, ys, bucket_s, float(ts[0]))
+    if len(tb) < 3:
+        return r.skipped(f"insufficient samples: {len(tb)} buckets", n=len(span))
+    fit = theilslopes(yb, tb / 60.0)
+    at_start = fit.intercept + fit.slope * tb[0] / 60.0
+    at_end = fit.intercept + fit.slope * tb[-1] / 60.0
+    base = max(at_start, float(r.params["min_excess_ms"]))
+    ratio = max(at_end, 0.0) / base
+    _, p_value = mann_kendall(yb)
+    growing = p_value < float(r.params["alpha"])
+    excess = at_end - at_start
+    ok = r.compare(ratio) or not growing or excess < float(r.params["min_excess_ms"])
+    minutes = (tb[-1] - tb[0]) / 60.0
     detail = (
-        f"median windowed p99 {fmt(lt)} ms in the last third vs {fmt(e)} ms early: "
-        f"{fmt(ratio)}x {'within' if ok else 'over'} {fmt(r.threshold)}x "
-        f"({len(late)}/{len(early)} windows)"
+        f"windowed p99 trend {fit.slope:+.3g} ms/min (Theil–Sen, Mann–Kendall p={p_value:.2g}"
+        f", {len(tb)} medians of {fmt(bucket_s)} s): fitted {fmt(at_start)} → {fmt(at_end)} "
+        f"ms over {fmt(minutes)} min after a {fmt(start - t0)} s warm-up, {fmt(ratio)}x "
+        f"{'within' if r.compare(ratio) else 'over'} {fmt(r.threshold)}x"
     )
     if ok and not r.compare(ratio):
-        detail += f" (excess < {fmt(r.params['min_excess_ms'])} ms counts as noise)"
+        detail += (
+            f" but not significant (p >= {fmt(r.params['alpha'])})"
+            if not growing
+            else f" but the excess is < {fmt(r.params['min_excess_ms'])} ms (noise)"
+        )
     if not ok:
         detail += (
             " — latency grows with uptime: look for growing queues, caches or GC pressure "
             "(compare with the RSS trend)"
         )
-    return r.judged(round(ratio, 4), ok, detail, n=len(early) + len(late))
+    return r.judged(round(ratio, 4), ok, detail, n=len(span))
