@@ -542,6 +542,10 @@ def test_fds_trend_judges_sockets_and_other_fds_apart() -> None:
     c = run("soak.fds_trend", _fd_series(file_per_min=0.0, socket_per_min=6.0))
     failed(c)
     assert c.value == pytest.approx(6.0, rel=0.3) and "socket fd leak" in c.detail
+    # both grow: the quiet series' slope is reported, the other's alongside
+    c = run("soak.fds_trend", _fd_series(file_per_min=2.0, socket_per_min=20.0))
+    failed(c)
+    assert c.value == pytest.approx(2.0, rel=0.2) and "socket fds +" in c.detail
     passed(run("soak.fds_trend", _fd_series(file_per_min=0.0, socket_per_min=0.0)))
     # samples from before socket_fds was recorded: the total, as before
     old = _fd_series(file_per_min=0.0, socket_per_min=0.0)

@@ -197,10 +197,10 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
         "non-socket fd": leak_test(t, np.asarray(other), params, variant="count"),
         "socket fd": leak_test(t, np.asarray(sockets, dtype=float), params, variant="count"),
     }
+    # The worse verdict; on a tie the quiet series, whose slope is the defect's own (the
+    # socket count also follows the clients' concurrency, which rises with latency).
     rank = {"LEAK": 3, "INCONCLUSIVE": 2, "PASS": 1, "INSUFFICIENT": 0}
-    what, res = max(
-        results.items(), key=lambda kv: (rank[kv[1].verdict], kv[1].slope_per_min or 0.0)
-    )
+    what, res = max(results.items(), key=lambda kv: (rank[kv[1].verdict], kv[0] == "non-socket fd"))
     check = _trend_verdict(result, r, res, what, "fds", step, "fds", 1.0)
     rest = ", ".join(
         f"{name}s {x.slope_per_min:+.3g}/min ({x.verdict})"
