@@ -379,19 +379,27 @@ CASES: tuple[DetectionCase, ...] = (
     ),
     DetectionCase(
         name="slowdown",
-        defect="batch latency grows 40 ms per minute of uptime",
+        defect="batch latency grows 120 ms per minute of uptime",
         scenario="soak",
         check="soak.latency_drift",
-        fault="slowdown:40",
+        fault="slowdown:120",
         pin_capacity=True,
-        pin_scale=0.5,
+        pin_scale=0.25,
         duration_s=90,
-        why="per-batch work that grows by 40 ms per minute of uptime (an ever-growing "
-        "list scanned per call). The soak offers 0.3x of the healthy capacity (capacity "
-        "pinned at half): the server stays below saturation, so the drift shows as "
-        "latency. At 0.6x it saturated within the first minute — a saturated server sheds "
-        "with 503s and its bounded queue caps p99, which measured 1.38x–2.41x across runs "
-        "and once missed",
+        allowed={
+            "soak.fds_trend": "slower answers keep more requests in flight, so the "
+            "clients hold more connections open: the socket series grows with the latency "
+            "(measured +27 sockets/min; the non-socket fds stayed flat)",
+            "soak.rss_trend": "the same in-flight requests hold their buffers: measured "
+            "+1.0 MiB/min, inconclusive (CI 0.92–1.07)",
+        },
+        why="per-batch work that grows with uptime (an ever-growing list scanned per "
+        "call). Drift that is linear from start-up gives at most ~(end/start of the "
+        "judged span) = 3.4x in any soak length, less the latency floor, so the quick soak "
+        "needs a steep one: 40 ms/min at 0.3x measured 2.06x, 40 ms/min at 0.6x saturated "
+        "the server (a bounded queue caps p99; 1.38x). Here 0.15x of the healthy capacity "
+        "(pinned at a quarter) keeps it below saturation to the end: measured 2.43x (fitted "
+        "p99 189 → 458 ms). The 1 h soak catches the default 20 ms/min (+1.2 s by the end)",
     ),
     # --- scaling ------------------------------------------------------------------------
     DetectionCase(
