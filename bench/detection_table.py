@@ -144,7 +144,9 @@ def _harness_version() -> str:
     return f"{v} (git {sha or 'unknown'})"
 
 
-def render(runs: Sequence[CaseRun], command: str, total_wall_s: float | None) -> str:
+def render(
+    runs: Sequence[CaseRun], command: str, total_wall_s: float | None, note: str | None = None
+) -> str:
     caught = sum(1 for r in runs if not judge(r.case, r.exit_code, r.doc))
     started = [
         sc.get("started_unix")
@@ -193,6 +195,7 @@ def render(runs: Sequence[CaseRun], command: str, total_wall_s: float | None) ->
         f"{_fmt(cap)} req/s",
         f"- matrix wall time: {wall / 60:.1f} min",
         f"- command: `{command}`",
+        *([f"- provenance: {note}"] if note else []),
         "",
         "## Why each pairing",
         "",
@@ -239,13 +242,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cases", default=None, help="comma-separated case names (default all)")
     p.add_argument("--out-dir", default=None, help="keep each run's results here")
     p.add_argument("--doc", default=str(ROOT / "docs" / "detection.md"), help="page to write")
+    p.add_argument("--note", default=None, help="where the results came from (printed)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",")] if args.cases else [c.name for c in CASES]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         p.error(f"--cases has {unknown}; valid: {', '.join(BY_NAME)}")
     cases = [BY_NAME[n] for n in names]
-    command = "python bench/detection_table.py " + " ".join(argv or sys.argv[1:])
+    shown = list(argv or sys.argv[1:])
+    if "--note" in shown:  # the note is printed on its own line
+        i = shown.index("--note")
+        del shown[i : i + 2]
+    shown = [a for a in shown if not a.startswith("--note=")]
+    command = "python bench/detection_table.py " + " ".join(shown)
     if args.from_dir:
         command = (
             f"HARNESS_DETECTION_OUT={args.from_dir} pytest -m slow tests/test_detection.py, "
@@ -272,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs.append(run)
         total = time.monotonic() - t0
         print(f"results in {base}; matrix wall time {total / 60:.1f} min")
-    Path(args.doc).write_text(render(runs, command, total), encoding="utf-8")
+    Path(args.doc).write_text(render(runs, command, total, args.note), encoding="utf-8")
     print(f"wrote {args.doc}")
     bad = [r.case.name for r in runs if judge(r.case, r.exit_code, r.doc)]
     return 1 if bad else 0
