@@ -191,6 +191,13 @@ def test_validity_margins_report_how_close_a_run_came() -> None:
     assert m["loadgen_cpu_pct"] == (97.0, 90.0)
     cpu[23] = 70.0  # now no 5 s window holds 97 %: the held level is the dip's
     assert validity_margins(sc)["loadgen_cpu_pct"] == (70.0, 90.0)
+    # the margin and the validity rule agree: invalid exactly when the held level
+    # reaches the limit
+    from harness.analysis.validity import loadgen_saturated, sustained_level
+
+    for limit in (69.0, 70.0, 71.0):
+        held = sustained_level(t, cpu, 5.0)
+        assert (loadgen_saturated(t, cpu, max_pct=limit) is not None) == (held >= limit)
     assert validity_margins({**sc, "load": {"workers": 2}})["loadgen_cpu_pct"][1] == 180.0
     assert validity_margins({}) == {}
 

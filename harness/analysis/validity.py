@@ -43,6 +43,33 @@ def longest_run_above(
     return best_s, best_k
 
 
+def sustained_level(
+    t_s: Sequence[float], values: Sequence[float | None], sustain_s: float
+) -> float | None:
+    """The highest level the series held for ``sustain_s``: the largest L for which
+    ``longest_run_above(t_s, values, L)`` spans ``sustain_s`` or more (so
+    ``loadgen_saturated`` fires exactly when this reaches its ``max_pct``). None when no
+    stretch is that long. A missing sample breaks a stretch, as it does there.
+    """
+    t = np.asarray(t_s, dtype=float)
+    if len(t) == 0:
+        return None
+    interval = float(np.median(np.diff(t))) if len(t) > 1 else 1.0
+    v = [x if x is not None and math.isfinite(x) else -math.inf for x in values]
+    best: float | None = None
+    j = 0
+    for i in range(len(t)):
+        j = max(j, i)
+        while j < len(t) and float(t[j] - t[i]) + interval < sustain_s:
+            j += 1
+        if j == len(t):
+            break  # no later window is long enough either
+        level = min(v[i : j + 1])
+        if level > -math.inf and (best is None or level > best):
+            best = level
+    return best
+
+
 def loadgen_saturated(
     t_s: Sequence[float],
     cpu_pct: Sequence[float | None],

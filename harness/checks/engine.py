@@ -167,7 +167,7 @@ def validity_margins(
 
     ``dispatch_lag_p99_ms``: the open-loop lag p99 and 10 % (``lag_max_fraction``) of
     the SLO. ``loadgen_cpu_pct``: the highest level the generator's CPU held for
-    ``loadgen_sustain_s`` (the lowest sample of the hottest such window) and its limit.
+    ``loadgen_sustain_s`` (``sustained_level``) and its limit.
     For bench/flakiness.py: a ratio near 1 is a run about to be judged invalid.
     """
     overrides = overrides or {}
@@ -181,15 +181,7 @@ def validity_margins(
     t, cpu = sys_series.get("t") or [], sys_series.get("loadgen_cpu_pct") or []
     if cpu and len(t) == len(cpu):
         workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
-        held: float | None = None
-        for i in range(len(t)):
-            j = i
-            while j < len(t) and t[j] - t[i] < p.loadgen_sustain_s:
-                j += 1
-            if j < len(t):  # a full window [t_i, t_i + sustain]
-                window = [float(x) for x in cpu[i : j + 1] if x is not None]
-                if window:
-                    held = max(held or 0.0, min(window))
+        held = v.sustained_level(t, cpu, p.loadgen_sustain_s)
         out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)
     return out
 
