@@ -77,7 +77,6 @@ class ThreadRow(NamedTuple):
     cpu: int
     cswch_s: float
     nvcswch_s: float
-    socket_fds: int = 0  # of ``fds``
 
     def as_row(self) -> tuple:
         return tuple(self)
