@@ -16,12 +16,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, ExitCode, HarnessError
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INVALID = 3
+EXIT_OK = ExitCode.PASS
+EXIT_FAILED = ExitCode.FAIL
+EXIT_USAGE = ExitCode.USAGE
+EXIT_INVALID = ExitCode.INVALID
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,15 +246,17 @@ def _execute(plan: Any) -> int:
     live = _LiveLine(sys.stderr)
     outcome = run_plan(plan, show=live.show)
     live.done()
+    from harness.report.common import verdict_sentence
+
     doc = outcome.document
-    verdict = (doc.get("verdict") or "unjudged").upper()
+    sentence = verdict_sentence(doc)
     if doc.get("partial"):
-        verdict += " (partial)"
+        sentence += " (partial)"
     print(
-        f"{verdict}: {plan.out_dir / 'summary.md'} · {plan.out_dir / 'report.html'} · "
-        f"exit {outcome.exit_code}"
+        f"{sentence}: {plan.out_dir / 'summary.md'} · {plan.out_dir / 'report.html'} · "
+        f"exit {int(outcome.exit_code)}"
     )
-    return outcome.exit_code
+    return int(outcome.exit_code)
 
 
 def _run_acceptance(args: argparse.Namespace) -> int:

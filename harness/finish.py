@@ -10,12 +10,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.errors import InvalidRun
+from harness.errors import ExitCode
 from harness.results import combine_verdicts, load_document, write_document
 
-EXIT_PASS = 0
-EXIT_FAIL = 1
-EXIT_INVALID = InvalidRun.exit_code
+_EXIT_FOR_VERDICT = {
+    "pass": ExitCode.PASS,
+    "fail": ExitCode.FAIL,
+    "invalid": ExitCode.INVALID,
+    "not_judged": ExitCode.NOT_JUDGED,
+}
 
 
 def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str, Any]:
@@ -32,13 +35,15 @@ def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str,
 
 
 def exit_code_for(doc: Mapping[str, Any]) -> int:
-    """0 pass · 1 a check failed · 3 invalid, or interrupted before anything failed."""
+    """0 pass · 1 a check failed · 3 invalid, or interrupted before anything failed ·
+    4 nothing was judged. A failure anywhere wins: it is a finding about the server,
+    whatever else went wrong with the measurement of another scenario."""
     verdict = doc.get("verdict")
     if verdict == "fail":
-        return EXIT_FAIL
-    if verdict == "invalid" or doc.get("partial"):
-        return EXIT_INVALID
-    return EXIT_PASS if verdict == "pass" else EXIT_INVALID
+        return ExitCode.FAIL
+    if verdict == "invalid" or doc.get("partial") or verdict not in _EXIT_FOR_VERDICT:
+        return ExitCode.INVALID
+    return _EXIT_FOR_VERDICT[verdict]
 
 
 def finish(

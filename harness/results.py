@@ -38,8 +38,12 @@ SCHEMA = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
 READABLE_VERSIONS: tuple[int, ...] = (1,)
 _UPGRADES: dict[int, Callable[[dict], dict]] = {}
 
-# Worst first: a merged or overall verdict is the worst of its parts.
-_VERDICT_RANK = {"invalid": 3, "fail": 2, "pass": 1}
+# Worst first: a merged or overall verdict is the worst of its parts. A real failure
+# outranks an invalid run elsewhere in the plan (the failure is a finding; hiding it behind
+# another scenario's bad measurement would lose it), an invalid run outranks one that
+# judged nothing, and "pass" needs every part to have passed. See docs/checks.md.
+VERDICTS: tuple[str, ...] = ("fail", "invalid", "not_judged", "pass")
+_VERDICT_RANK = {v: len(VERDICTS) - i for i, v in enumerate(VERDICTS)}
 
 
 def machine_metadata() -> dict[str, Any]:
@@ -208,7 +212,7 @@ def validate_document(doc: Any, where: str = "document") -> dict[str, Any]:
     if doc.get("verdict") not in (None, *_VERDICT_RANK):
         raise ResultFormatError(
             f"{where}: 'verdict' has value {doc.get('verdict')!r}; expected one of "
-            f"'pass', 'fail', 'invalid' or null"
+            f"{', '.join(repr(x) for x in VERDICTS)} or null"
         )
     return doc
 
@@ -241,7 +245,8 @@ def load_document(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def combine_verdicts(verdicts: Iterable[str | None]) -> str | None:
-    """Worst of several verdicts: invalid > fail > pass; None if any is still unjudged."""
+    """Worst of several verdicts: fail > invalid > not_judged > pass; None if any is
+    still unjudged (null)."""
     worst: str | None = None
     seen = False
     for v in verdicts:
@@ -250,7 +255,8 @@ def combine_verdicts(verdicts: Iterable[str | None]) -> str | None:
             return None
         if v not in _VERDICT_RANK:
             raise ResultFormatError(
-                f"verdict has value {v!r}; expected one of 'pass', 'fail', 'invalid' or null"
+                f"verdict has value {v!r}; expected one of "
+                f"{', '.join(repr(x) for x in VERDICTS)} or null"
             )
         if worst is None or _VERDICT_RANK[v] > _VERDICT_RANK[worst]:
             worst = v

@@ -140,7 +140,10 @@ def test_summary_verdict_line_counts_skipped_apart(rendered):
     md = rendered["summary"]
     lines = md.splitlines()
     verdict = next(line for line in lines if "INVALID" in line)
-    assert "9 passed, 3 failed, 2 skipped across 5 scenarios; invalid: spike" in verdict
+    assert "9 passed, 3 failed, 2 skipped across 5 scenarios" in verdict
+    # every scenario that did not pass and every skipped check is named on the line
+    assert "fail: contention, soak; invalid: spike" in verdict
+    assert "skipped: soak.fds_trend, spike.recovery_s" in verdict
     assert "### ❌ contention — fail (2 passed, 1 failed, 0 skipped)" in md
     assert "### ❌ soak — fail (2 passed, 1 failed, 1 skipped)" in md
 
@@ -183,7 +186,7 @@ def test_summary_marks_partial_and_unjudged_runs():
     doc["partial"] = True
     doc["scenarios"].append(scenario("soak", 1.0, partial=True))
     md = render_summary(doc)
-    assert "NOT JUDGED" in md and "**Partial run**" in md and "_No checks were evaluated._" in md
+    assert "NO VERDICT" in md and "**Partial run**" in md and "_No checks were evaluated._" in md
 
 
 # --- report.html -----------------------------------------------------------------------

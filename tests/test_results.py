@@ -284,9 +284,10 @@ def test_merge_combines_scenarios_and_takes_the_worst_verdict():
     assert [sc["name"] for sc in merged["scenarios"]] == ["a", "b", "c"]
     assert merged["verdict"] == "fail"
     assert merged["partial"] is True
+    # a real failure is never hidden behind another scenario's invalid measurement
     assert (
         merge_documents([_doc("a"), _doc("b", "invalid"), _doc("c", "fail")])["verdict"]
-        == "invalid"
+        == "fail"
     )
     assert merge_documents([_doc("a"), _doc("b", None)])["verdict"] is None
 
@@ -320,7 +321,10 @@ def test_merge_validates_its_inputs():
 
 def test_combine_verdicts():
     assert combine_verdicts(["pass", "fail", "pass"]) == "fail"
-    assert combine_verdicts(["fail", "invalid"]) == "invalid"
+    assert combine_verdicts(["fail", "invalid"]) == "fail"
+    assert combine_verdicts(["pass", "invalid", "not_judged"]) == "invalid"
+    assert combine_verdicts(["pass", "not_judged"]) == "not_judged"
+    assert combine_verdicts(["pass", "pass"]) == "pass"
     assert combine_verdicts(["pass", None]) is None
     assert combine_verdicts([]) is None
     with pytest.raises(ResultFormatError, match="'maybe'"):

@@ -14,6 +14,8 @@ from harness.checks.registry import REGISTRY, resolve_params, run_check
 from harness.errors import ConfigError, ResultFormatError
 
 ALWAYS: tuple[str, ...] = ("accounting.balanced",)
+# Added by judge_scenario when the server died or could not be reached (a failure).
+RUN_COMPLETED = "run.completed"
 # The checks whose threshold is the latency SLO that dispatch lag is measured against.
 SLO_CHECKS: tuple[str, ...] = ("steady.p99_ms", "priority.high_p99_ms")
 
@@ -54,17 +56,30 @@ def evaluate(
     return checks
 
 
-def verdict(
-    checks: Sequence[Check], validity: Sequence[str] | None = None
-) -> Literal["pass", "fail", "invalid"]:
-    """invalid if the run judges nothing; fail if any check failed; else pass.
+def own_checks(checks: Sequence[Check]) -> list[Check]:
+    """The checks that judge the server: not the harness's own bookkeeping
+    (``accounting.balanced``) nor the run's completion (``run.completed``)."""
+    return [c for c in checks if c.id not in ALWAYS and c.id != RUN_COMPLETED]
 
-    Skipped checks (passed None) neither pass nor fail; reports list them separately.
+
+Verdict = Literal["pass", "fail", "invalid", "not_judged"]
+
+
+def verdict(checks: Sequence[Check], validity: Sequence[str] | None = None) -> Verdict:
+    """invalid if the measurement cannot be trusted; fail if any check failed;
+    not_judged if none of the scenario's own checks was judged; else pass.
+
+    A pass must be earned: skipped checks (passed None) neither pass nor fail, and a
+    scenario whose every own check skipped is "not_judged" (exit 4), never "pass" —
+    ``accounting.balanced`` passing says the harness counted right, not that the server
+    did anything right.
     """
     if validity:
         return "invalid"
     if any(c.passed is False for c in checks):
         return "fail"
+    if not any(c.passed is True for c in own_checks(checks)):
+        return "not_judged"
     return "pass"
 
 
@@ -184,9 +199,6 @@ def validity_margins(
         held = v.sustained_level(t, cpu, p.loadgen_sustain_s)
         out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)
     return out
-
-
-RUN_COMPLETED = "run.completed"
 
 
 def _run_problems(sc: Mapping[str, Any]) -> tuple[Check | None, list[str]]:

@@ -139,13 +139,15 @@ def _on_quitting(environment: Any, **_: Any) -> None:
                 log.warning("harness: FAIL %s: %s", c["id"], c.get("detail"))
         if sc.get("validity"):
             log.warning("harness: INVALID run: %s", "; ".join(sc["validity"]))
+    from harness.report.common import verdict_sentence
+
     log.warning(
-        "harness: verdict %s (exit %d) — %s",
-        doc.get("verdict"),
+        "harness: %s (exit %d) — %s",
+        verdict_sentence(doc),
         code,
         state.out_dir / "report.html",
     )
-    environment.process_exit_code = code
+    environment.process_exit_code = int(code)
 
 
 @events.quit.add_listener

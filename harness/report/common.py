@@ -90,6 +90,73 @@ def overall_verdict(doc: Mapping[str, Any]) -> str | None:
     return combine_verdicts(scenario_verdict(sc) for sc in scs) if scs else None
 
 
+VERDICT_WORDS: Mapping[str | None, str] = {
+    "pass": "PASS",
+    "fail": "FAIL",
+    "invalid": "INVALID",
+    "not_judged": "NOT JUDGED",
+    None: "NO VERDICT",
+}
+
+
+def excluded_scenarios(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Scenarios left out of the plan before load started: (name, reason)."""
+    out = []
+    for e in doc.get("excluded") or []:
+        if isinstance(e, Mapping):
+            out.append((str(e.get("name")), str(e.get("reason") or "no reason recorded")))
+    return out
+
+
+def skipped_checks(doc: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Every check that was not judged: (scenario, check id, reason)."""
+    return [
+        (str(sc.get("name")), str(c["id"]), skip_reason(c))
+        for sc in doc.get("scenarios") or []
+        for c in sc.get("checks") or []
+        if check_state(c) == SKIP
+    ]
+
+
+def not_judged_reason(sc: Mapping[str, Any]) -> str:
+    """Why a scenario judged nothing: the reasons of its skipped checks."""
+    reasons = [
+        f"{c['id']}: {skip_reason(c)}"
+        for c in sc.get("checks") or []
+        if check_state(c) == SKIP and c.get("id") != "accounting.balanced"
+    ]
+    return "; ".join(reasons) or "the scenario lists no check that judges the server"
+
+
+def verdict_sentence(doc: Mapping[str, Any]) -> str:
+    """The one-line verdict: the word, the counts, and every skip and exclusion by name.
+
+    ``PASS — 21 passed, 0 failed, 2 skipped across 7 scenarios; skipped:
+    spike.recovery_s, …; not run: linearity (the server has 1 core here …)``.
+    """
+    verdict = overall_verdict(doc)
+    scs = doc.get("scenarios") or []
+    line = (
+        f"{VERDICT_WORDS.get(verdict, str(verdict).upper())} — {document_counts(doc).text()} "
+        f"across {len(scs)} scenario{'s' if len(scs) != 1 else ''}"
+    )
+    for word in ("fail", "invalid", "not_judged"):
+        names = [str(sc.get("name")) for sc in scs if scenario_verdict(sc) == word]
+        if names and (len(names) < len(scs) or verdict != word):
+            line += f"; {VERDICT_WORDS[word].lower()}: {', '.join(names)}"
+    skipped = skipped_checks(doc)
+    if skipped:
+        ids = []
+        for _, cid, _ in skipped:
+            if cid not in ids:
+                ids.append(cid)
+        line += f"; skipped: {', '.join(ids)}"
+    excluded = excluded_scenarios(doc)
+    if excluded:
+        line += "; not run: " + "; ".join(f"{n} ({why})" for n, why in excluded)
+    return line
+
+
 def invalid_reasons(sc: Mapping[str, Any]) -> list[str]:
     """Why a scenario run was invalid: its ``validity`` reasons, else its failed checks."""
     reasons = sc.get("validity")

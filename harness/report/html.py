@@ -14,19 +14,23 @@ from typing import Any
 from harness.report import plots
 from harness.report.common import (
     SKIP,
+    VERDICT_WORDS,
     check_state,
     count_checks,
     document_counts,
     error_total,
+    excluded_scenarios,
     fmt_num,
     fmt_threshold,
     fmt_value,
     hdr_summary,
     invalid_reasons,
+    not_judged_reason,
     overall_verdict,
     run_problems,
     scenario_verdict,
     skip_reason,
+    verdict_sentence,
 )
 
 _CSS = """
@@ -39,7 +43,7 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#666;font-size:.9em;margin:.2em 0}figure{margin:1em 0}img{max-width:100%;height:auto}
 figcaption{color:#444;font-size:.9em}section{border-top:2px solid #ddd;margin-top:2em}code{font-size:.95em}
 """
-_WORD = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID", None: "NOT JUDGED"}
+_WORD = VERDICT_WORDS
 
 
 def esc(value: Any) -> str:
@@ -47,6 +51,8 @@ def esc(value: Any) -> str:
 
 
 def _cls(verdict: str | None) -> str:
+    if verdict == "not_judged":
+        return "skipped"
     return verdict if verdict in ("pass", "fail", "skipped", "invalid") else "none"
 
 
@@ -221,6 +227,10 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
             f'<p class="invalid">Run invalid, judges nothing: {esc(r)}</p>'
             for r in invalid_reasons(sc)
         ]
+    if verdict == "not_judged":
+        parts.append(
+            f'<p class="skipped">Nothing was judged (not a pass): {esc(not_judged_reason(sc))}</p>'
+        )
     parts += [f'<p class="fail">{esc(p)}</p>' for p in run_problems(sc)]
     sut_exit = sc.get("sut_exit")
     tail = sut_exit.get("log_tail") if isinstance(sut_exit, Mapping) else None
@@ -254,6 +264,7 @@ def render_html(doc: Mapping[str, Any]) -> str:
         "<h1>Inference harness report</h1>",
         f'<p class="banner"><span class="{_cls(verdict)}">{_WORD.get(verdict, esc(verdict))}</span> — {esc(counts.text())} '
         f"across {len(scs)} scenario(s). Created {esc(doc.get('created', '?'))}, harness {esc(doc.get('harness_version', '?'))}.</p>",
+        f"<p>{esc(verdict_sentence(doc))}</p>",
         partial,
         "<h2>Verdicts</h2>",
         _verdict_table(doc),
@@ -263,6 +274,12 @@ def render_html(doc: Mapping[str, Any]) -> str:
         _kv_table("Load generator", doc.get("loadgen")),
     ]
     body += [_scenario(sc, i) for i, sc in enumerate(scs)]
+    excluded = excluded_scenarios(doc)
+    if excluded:
+        items = "".join(f"<li><code>{esc(n)}</code>: {esc(why)}</li>" for n, why in excluded)
+        body.append(
+            f"<h2>Not run</h2><p>Left out of the plan before load started:</p><ul>{items}</ul>"
+        )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>Harness report — {_WORD.get(verdict, esc(verdict))}</title><style>{_CSS}</style></head>\n<body>\n"

@@ -19,7 +19,9 @@ from harness.report.common import (
     check_state,
     count_checks,
     describe_measure,
+    excluded_scenarios,
     invalid_reasons,
+    not_judged_reason,
     scenario_verdict,
     skip_reason,
 )
@@ -58,12 +60,14 @@ def _suite(parent: ET.Element, sc: Mapping[str, Any]) -> tuple[int, int, int, in
     checks = sc.get("checks") or []
     counts = count_checks(checks)
     invalid = scenario_verdict(sc) == "invalid"
+    not_judged = scenario_verdict(sc) == "not_judged"
+    extra = 1 if invalid or not_judged else 0
     attrs = {
         "name": name,
-        "tests": str(counts.total + (1 if invalid else 0)),
+        "tests": str(counts.total + extra),
         "failures": str(counts.failed),
         "errors": "1" if invalid else "0",
-        "skipped": str(counts.skipped),
+        "skipped": str(counts.skipped + (1 if not_judged else 0)),
         "time": f"{float(sc.get('duration_s') or 0):.3f}",
     }
     stamp = _timestamp(sc.get("started_unix"))
@@ -87,9 +91,34 @@ def _suite(parent: ET.Element, sc: Mapping[str, Any]) -> tuple[int, int, int, in
         reasons = invalid_reasons(sc)
         err = ET.SubElement(case, "error", message=f"run invalid: {reasons[0]}", type="invalid_run")
         err.text = "\n".join(reasons)
+    if not_judged:
+        # "not judged" is not a pass: a skipped testcase of its own carries the reason
+        case = ET.SubElement(
+            suite, "testcase", classname=f"harness.{name}", name=f"{name}.judged", time="0"
+        )
+        ET.SubElement(case, "skipped", message=f"nothing was judged: {not_judged_reason(sc)}")
     for check in checks:
         _testcase(suite, name, check)
-    return counts.total + (1 if invalid else 0), counts.failed, 1 if invalid else 0, counts.skipped
+    return (
+        counts.total + extra,
+        counts.failed,
+        1 if invalid else 0,
+        counts.skipped + (1 if not_judged else 0),
+    )
+
+
+def _excluded_suite(parent: ET.Element, name: str, reason: str) -> tuple[int, int, int, int]:
+    """A scenario left out of the plan before load: one skipped testcase with the reason."""
+    suite = ET.SubElement(
+        parent,
+        "testsuite",
+        {"name": name, "tests": "1", "failures": "0", "errors": "0", "skipped": "1", "time": "0"},
+    )
+    case = ET.SubElement(
+        suite, "testcase", classname=f"harness.{name}", name=f"{name}.run", time="0"
+    )
+    ET.SubElement(case, "skipped", message=f"not run: {reason}")
+    return 1, 0, 0, 1
 
 
 def render_junit(doc: Mapping[str, Any]) -> str:
@@ -98,6 +127,9 @@ def render_junit(doc: Mapping[str, Any]) -> str:
     totals = [0, 0, 0, 0]
     for sc in doc.get("scenarios") or []:
         for i, v in enumerate(_suite(root, sc)):
+            totals[i] += v
+    for name, reason in excluded_scenarios(doc):
+        for i, v in enumerate(_excluded_suite(root, name, reason)):
             totals[i] += v
     root.set("tests", str(totals[0]))
     root.set("failures", str(totals[1]))

@@ -14,21 +14,31 @@ from harness.report.common import (
     FAIL,
     PASS,
     SKIP,
+    VERDICT_WORDS,
     check_state,
     count_checks,
-    document_counts,
+    excluded_scenarios,
     fmt_num,
     fmt_threshold,
     fmt_value,
     invalid_reasons,
+    not_judged_reason,
     overall_verdict,
     run_problems,
     scenario_verdict,
     skip_reason,
+    verdict_sentence,
 )
 
-ICONS = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "skipped": "⏭️", None: "⏳"}
-WORDS = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID", None: "NOT JUDGED"}
+ICONS = {
+    "pass": "✅",
+    "fail": "❌",
+    "invalid": "⚠️",
+    "not_judged": "⏭️",
+    "skipped": "⏭️",
+    None: "⏳",
+}
+WORDS = VERDICT_WORDS
 
 
 def md(text: Any) -> str:
@@ -38,14 +48,20 @@ def md(text: Any) -> str:
 
 
 def verdict_line(doc: Mapping[str, Any]) -> str:
+    """The CLI's verdict sentence (every skip and exclusion named), with an icon."""
     verdict = overall_verdict(doc)
-    counts = document_counts(doc)
-    scs = doc.get("scenarios") or []
-    invalid = [sc["name"] for sc in scs if scenario_verdict(sc) == "invalid"]
-    line = f"{ICONS[verdict]} **{WORDS[verdict]}** — {counts.text()} across {len(scs)} scenario{'s' if len(scs) != 1 else ''}"
-    if invalid:
-        line += f"; invalid: {', '.join(md(n) for n in invalid)}"
-    return line
+    word = WORDS.get(verdict, str(verdict).upper())
+    text = verdict_sentence(doc).removeprefix(word)
+    return f"{ICONS.get(verdict, '⏳')} **{word}**{md(text)}"
+
+
+def _excluded_section(doc: Mapping[str, Any]) -> list[str]:
+    excluded = excluded_scenarios(doc)
+    if not excluded:
+        return []
+    lines = ["### ⏭️ Not run (left out of the plan before load started)", ""]
+    lines += [f"- `{md(name)}`: {md(why)}" for name, why in excluded]
+    return [*lines, ""]
 
 
 def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
@@ -57,6 +73,8 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
         lines += ["_Partial run: interrupted before the scenario finished._", ""]
     if verdict == "invalid":
         lines += [f"> ⚠️ Run invalid, judges nothing: {md(r)}" for r in invalid_reasons(sc)] + [""]
+    if verdict == "not_judged":
+        lines += [f"> ⏭️ Nothing was judged (not a pass): {md(not_judged_reason(sc))}", ""]
     problems = run_problems(sc)
     if problems:
         lines += [f"> ❌ {md(p)}" for p in problems] + [""]
@@ -92,5 +110,6 @@ def render_summary(doc: Mapping[str, Any]) -> str:
     lines += [" · ".join(meta), ""]
     for sc in doc.get("scenarios") or []:
         lines += _scenario_table(sc)
+    lines += _excluded_section(doc)
     lines.append("Full report with plots: `report.html` (re-render with `harness report DIR`).")
     return "\n".join(lines) + "\n"
