@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DESIGN_IDS = {
     "cold_start.time_to_ready_s",
     "cold_start.first_p99_ratio",
+    "cold_start.first_error_rate",
     "steady.p99_ms",
     "steady.error_rate",
     "steady.throughput",

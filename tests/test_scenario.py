@@ -45,7 +45,11 @@ QUICK_BUDGET_S = {
 }
 # The check ids each packaged scenario must evaluate (DESIGN §4.3).
 EXPECTED_CHECKS = {
-    "cold_start": {"cold_start.time_to_ready_s", "cold_start.first_p99_ratio"},
+    "cold_start": {
+        "cold_start.time_to_ready_s",
+        "cold_start.first_p99_ratio",
+        "cold_start.first_error_rate",
+    },
     "steady_state": {"steady.p99_ms", "steady.error_rate", "steady.throughput"},
     "spike": {"spike.recovery_s", "spike.fail_fast"},
     "mixed_priority": {"priority.high_p99_ms", "priority.high_reject_rate"},

@@ -15,6 +15,11 @@ Two kinds of confidence (REFERENCE §F):
   only if P(Binomial(n, 1 − q) ≤ overs) ≤ 1 − confidence. At q = 0.99 and confidence 0.99
   this needs n ≥ 459 with none over, 662 with one, 1307 with five. Below that the verdict
   is "insufficient", never a pass.
+
+Requests that got no good answer (failed, timed out, dropped at the client's cap) have no
+latency in the histogram but did not meet any SLO. ``percentile_with_failures_ms`` and
+``slo_assessment(..., failed=k)`` rank them above every success (an SLO-attainment, or
+goodput, view), so a server cannot pass a p99 by failing its slowest requests.
 """
 
 from __future__ import annotations
@@ -89,6 +94,25 @@ def percentile_ms(hist: HdrHistogram, percentile: float) -> float | None:
     if n == 0:
         return None
     return value_at_rank_us(hist, nearest_rank(n, percentile / 100.0)) / 1000.0
+
+
+def percentile_with_failures_ms(hist: HdrHistogram, percentile: float, failed: int) -> float | None:
+    """The ``percentile`` over the ok latencies plus ``failed`` requests ranked above all.
+
+    Nearest rank over n = ok + failed: a rank inside the failures is ``inf`` (the
+    percentile is a failure, over any SLO); otherwise it is the ok latency at that rank,
+    i.e. the ok-only percentile shifted up by the failures. None when n is 0.
+    """
+    if failed < 0:
+        raise ValueError(f"failed must be >= 0, got {failed}")
+    ok = hist.get_total_count()
+    n = ok + failed
+    if n == 0:
+        return None
+    rank = nearest_rank(n, percentile / 100.0)
+    if rank > ok:
+        return math.inf
+    return value_at_rank_us(hist, rank) / 1000.0
 
 
 def count_above_ms(hist: HdrHistogram, limit_ms: float) -> int:
@@ -180,29 +204,37 @@ class SloAssessment:
     """Is the ``percentile`` of a histogram within ``slo_ms``, and how sure are we."""
 
     verdict: Literal["pass", "fail", "insufficient"]
-    value_ms: float | None  # point estimate of the percentile
-    n: int
-    overs: int  # requests above the SLO
+    value_ms: float | None  # point estimate of the percentile (inf: a failure)
+    n: int  # ok latencies + failed requests
+    overs: int  # requests above the SLO, failed ones included
     min_n: int  # requests needed for a confident pass given ``overs``
     percentile: float
     confidence: float
+    failed: int = 0  # of ``n`` and ``overs``: requests with no good answer
 
 
 def slo_assessment(
-    hist: HdrHistogram, slo_ms: float, percentile: float = 99.0, confidence: float = 0.99
+    hist: HdrHistogram,
+    slo_ms: float,
+    percentile: float = 99.0,
+    confidence: float = 0.99,
+    failed: int = 0,
 ) -> SloAssessment:
     """Judge ``p(percentile) <= slo_ms`` with MLPerf's early-stopping rule.
+
+    ``failed`` requests (no good answer: failed, timed out, dropped) count in n and as
+    over the SLO, ranked above every ok latency (``percentile_with_failures_ms``).
 
     * fail — the point estimate is above the SLO (with at least the samples a
       zero-over pass would need, so a handful of slow first requests cannot fail it);
     * pass — the point estimate is within the SLO and n meets the early-stopping bound;
     * insufficient — otherwise (too few samples to say either way).
     """
-    n = hist.get_total_count()
+    n = hist.get_total_count() + failed
     q = percentile / 100.0
-    overs = count_above_ms(hist, slo_ms)
+    overs = count_above_ms(hist, slo_ms) + failed
     min_n = early_stopping_min_n(overs, q, confidence)
-    value = percentile_ms(hist, percentile)
+    value = percentile_with_failures_ms(hist, percentile, failed)
     floor_n = early_stopping_min_n(0, q, confidence)
     if value is not None and value > slo_ms and n >= floor_n:
         verdict: Literal["pass", "fail", "insufficient"] = "fail"
@@ -210,4 +242,4 @@ def slo_assessment(
         verdict = "pass"
     else:
         verdict = "insufficient"
-    return SloAssessment(verdict, value, n, overs, min_n, percentile, confidence)
+    return SloAssessment(verdict, value, n, overs, min_n, percentile, confidence, failed)

@@ -18,8 +18,8 @@ from harness.checks.registry import register
     "integrity.mismatches",
     unit="responses",
     op="<=",
-    defaults={"threshold": 0, "count_drift": False, "min_checked": 300},
-    summary="responses that do not belong to their request (must be 0)",
+    defaults={"threshold": 0, "nondeterministic": False, "min_checked": 300},
+    summary="responses that do not belong to their request, or drifted from it (must be 0)",
 )
 def mismatches(result: Mapping[str, Any], r: Result) -> Check:
     integ = result.get("integrity")
@@ -29,22 +29,33 @@ def mismatches(result: Mapping[str, Any], r: Result) -> Check:
     cross = int(integ.get("cross_wired") or 0)
     ids = int(integ.get("id_mismatch") or 0)
     drift = int(integ.get("drift") or 0)
-    bad = cross + ids + (drift if r.params["count_drift"] else 0)
+    tolerance = integ.get("tolerance")
+    # Drift is a wrong answer (its own output beyond the tolerance, or no input's output
+    # at all) unless the checklist says the model is not deterministic under batching.
+    counts_drift = not r.params["nondeterministic"]
+    bad = cross + ids + (drift if counts_drift else 0)
     examples = integ.get("examples") or []
     if bad > int(r.threshold):
-        ex = "; ".join(
-            f"{e.get('kind')}: sent input {e.get('sent_input')} got the output of "
-            f"{e.get('matched_input')} (request {e.get('request_id')})"
-            for e in examples[:3]
-        )
+        shown = [e for e in examples if counts_drift or e.get("kind") != "drift"][:3]
+        ex = "; ".join(_example(e) for e in shown)
+        if cross + ids:
+            step = "the batcher mixes up outputs: check how batch rows are scattered back"
+        else:
+            step = (
+                "answers differ from the batch-1 golden outputs: check batching numerics "
+                "(padding, dtype, kernel choice); if the model is non-deterministic by "
+                "design, declare it with nondeterministic = true"
+            )
         return r.judged(
             bad,
             False,
-            f"{bad} of {checked} responses did not belong to their request "
+            f"{bad} of {checked} responses did not match their request "
             f"({cross} cross-wired, {ids} wrong id, {drift} drifted beyond "
-            f"tolerance {integ.get('tolerance')})"
+            f"tolerance {tolerance}"
+            + ("" if counts_drift else ", not counted: nondeterministic = true")
+            + ")"
             + (f"; e.g. {ex}" if ex else "")
-            + " — the batcher mixes up outputs: check how batch rows are scattered back",
+            + f" — {step}",
             n=checked,
         )
     if checked < int(r.params["min_checked"]):
@@ -56,12 +67,27 @@ def mismatches(result: Mapping[str, Any], r: Result) -> Check:
         )
     # with zero seen in n, the 95 % upper bound on the mix-up rate is about 3/n
     detail = (
-        f"0 of {checked} responses mismatched (rule of three: a mix-up rate above "
+        f"{bad} of {checked} responses mismatched (rule of three: a mix-up rate above "
         f"{3 / checked:.3%} would have shown with 95 % confidence)"
     )
     if drift:
-        detail += f"; {drift} drifted beyond tolerance {integ.get('tolerance')} (warning)"
+        detail += (
+            f"; {drift} drifted beyond tolerance {tolerance} (not counted: the checklist "
+            "declares the model nondeterministic)"
+        )
     return r.judged(bad, True, detail, n=checked)
+
+
+def _example(e: Mapping[str, Any]) -> str:
+    """One recorded mismatch in words."""
+    if e.get("kind") == "drift":
+        dist = e.get("distance")
+        what = "no input's output" if dist is None else f"its own output off by {fmt(dist)}"
+        return f"drift: sent input {e.get('sent_input')} got {what} (request {e.get('request_id')})"
+    return (
+        f"{e.get('kind')}: sent input {e.get('sent_input')} got the output of "
+        f"{e.get('matched_input')} (request {e.get('request_id')})"
+    )
 
 
 @register(

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from harness.analysis.percentiles import percentile_ms, slo_assessment
+from harness.analysis.percentiles import (
+    new_histogram,
+    percentile_ms,
+    percentile_with_failures_ms,
+    slo_assessment,
+)
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
@@ -16,6 +22,21 @@ from harness.checks.registry import register
 def _stage_list(name: str) -> list[str] | None:
     """``name`` as a one-stage list, or None (= whole run) when empty."""
     return [name] if name else None
+
+
+def _unanswered(c: Mapping[str, Any]) -> int:
+    """Finished requests with no good answer: failed (any kind), timed out or dropped.
+
+    ``cancelled`` is left out with the requests in flight at the end: the harness, not the
+    server, stopped those (a closed-loop user replaced mid-request), so they are neither
+    answered nor failed.
+    """
+    failed = d.failed_total(c) - int((c.get("failed") or {}).get("cancelled") or 0)
+    return failed + int(c.get("dropped") or 0)
+
+
+def _share(bad: int, n: int) -> str:
+    return f"{bad / n:.2%}" if n else "n/a"
 
 
 @register(
@@ -52,14 +73,17 @@ def time_to_ready(result: Mapping[str, Any], r: Result) -> Check:
 )
 def first_p99_ratio(result: Mapping[str, Any], r: Result) -> Check:
     first = result.get("first_requests") or {}
-    if not first.get("latency_hdr"):
-        return r.skipped("no first-request latencies were recorded in this scenario")
-    fh = d.optional_hist(first["latency_hdr"])
-    n_first = fh.get_total_count() if fh else 0
+    if not first or (not first.get("latency_hdr") and "scheduled" not in first):
+        return r.skipped("no first-request data was recorded in this scenario")
+    fh = d.optional_hist(first.get("latency_hdr")) or new_histogram()
+    # results written before failures were counted hold only the ok first answers
+    counted = "scheduled" in first
+    bad = _unanswered(first) if counted else 0
+    n_first = fh.get_total_count() + bad
     if n_first < int(r.params["min_first"]):
         return r.skipped(
-            f"only {n_first} first requests completed (need >= {r.params['min_first']}) — "
-            "the server may have failed its first requests; see the error counters",
+            f"only {n_first} first requests finished (need >= {r.params['min_first']}) — "
+            "raise load.first_requests, or see how many were still in flight at the end",
             n=n_first,
         )
     steady_name = r.params["steady_stage"] or (
@@ -71,47 +95,136 @@ def first_p99_ratio(result: Mapping[str, Any], r: Result) -> Check:
     n_steady = sh.get_total_count()
     if n_steady == 0:
         return r.skipped("no steady-state latencies to compare the first requests with")
-    p_first = percentile_ms(fh, 99.0) or 0.0
+    # the first requests are judged over every one sent, failures ranked above all
+    # successes; the warm reference is the ok-only p99 (smaller, so the ratio is stricter)
+    p_first = percentile_with_failures_ms(fh, 99.0, bad) or 0.0
+    p_first_ok = percentile_ms(fh, 99.0)
     p_steady = percentile_ms(sh, 99.0) or 0.0
     ratio = p_first / p_steady if p_steady > 0 else float("inf")
     excess = p_first - p_steady
     # sub-millisecond steady p99s make ratios noise: a small absolute excess passes
     ok = r.compare(ratio) or excess < float(r.params["min_excess_ms"])
-    detail = (
-        f"first {n_first} requests p99 {fmt(p_first)} ms vs steady p99 {fmt(p_steady)} ms "
-        f"(n={n_steady}): {fmt(ratio)}x, {'within' if ok else 'over'} {fmt(r.threshold)}x"
-    )
+    verdict = "within" if ok else "over"
+    steady = f"steady p99 {fmt(p_steady)} ms (n={n_steady})"
+    if math.isinf(p_first):
+        detail = (
+            f"{bad} of the first {n_first} requests sent failed or were dropped "
+            f"({_share(bad, n_first)}), more than the 1 % a p99 leaves, so their p99 is a "
+            f"failure (successful-only p99 {fmt(p_first_ok)} ms) vs {steady}: over "
+            f"{fmt(r.threshold)}x"
+        )
+    else:
+        detail = (
+            f"first {n_first} requests sent p99 {fmt(p_first)} ms ({bad} failed or dropped, "
+            f"counted as slowest; successful-only p99 {fmt(p_first_ok)} ms) vs {steady}: "
+            f"{fmt(ratio)}x, {verdict} {fmt(r.threshold)}x"
+        )
     if ok and not r.compare(ratio):
         detail += (
             f" (excess {fmt(excess)} ms < {fmt(r.params['min_excess_ms'])} ms counts as noise)"
         )
+    if not counted:
+        detail += (
+            " (this results document does not count the first requests' failures: only "
+            "their ok answers were judged)"
+        )
     if not ok:
-        detail += " — warm the model up before reporting ready (run a few inferences at start)"
+        detail += (
+            " — warm the model up before reporting ready (run a few inferences at start)"
+            if bad == 0
+            else " — the first requests fail or stall: load and warm the model before "
+            "reporting ready (gate readiness on a test inference)"
+        )
     return r.judged(round(ratio, 3), ok, detail, n=n_first)
 
 
+@register(
+    "cold_start.first_error_rate",
+    unit="ratio",
+    op="<=",
+    defaults={"threshold": 0.01, "min_first": 20},
+    summary="failed (and dropped) share of the first requests sent after readiness",
+)
+def first_error_rate(result: Mapping[str, Any], r: Result) -> Check:
+    first = result.get("first_requests") or {}
+    if not first:
+        return r.skipped("no first-request data was recorded in this scenario")
+    if "scheduled" not in first:
+        return r.skipped(
+            "this results document does not count the first requests' failures (written by "
+            "an older harness) — run the scenario again"
+        )
+    bad = _unanswered(first)
+    denom = int(first.get("ok") or 0) + bad
+    if denom < int(r.params["min_first"]):
+        return r.skipped(
+            f"only {denom} first requests finished (need >= {r.params['min_first']}) — "
+            "raise load.first_requests, or see how many were still in flight at the end",
+            n=denom,
+        )
+    rate = bad / denom
+    ok = r.compare(rate)
+    detail = (
+        f"{bad} of the first {denom} requests sent failed or were dropped ({rate:.2%}) "
+        f"{'<=' if ok else '>'} {float(r.threshold):.2%}; by kind: {_kinds(first)}"
+    )
+    if not ok:
+        detail += (
+            " — the server reported ready before it could serve them: gate readiness on a "
+            "loaded, warmed model (a test inference), not on the process being up"
+        )
+    return r.judged(round(rate, 6), ok, detail, n=denom)
+
+
 def _p99_check(
-    r: Result, hist: Any, what: str, next_step: str, confidence_param: float = 0.99
+    r: Result,
+    hist: Any,
+    c: Mapping[str, Any] | None,
+    what: str,
+    next_step: str,
+    confidence_param: float = 0.99,
 ) -> Check:
+    """p99 over every finished request against the SLO: a request that failed, timed out
+    or was dropped counts as over it (ranked above every success), so failing the slowest
+    requests cannot pass an SLO. Requests in flight at the end are neither."""
+    if c is None:
+        return r.skipped(
+            f"no request counters were recorded for the {what} requests, so failed ones "
+            "cannot be counted against the SLO",
+        )
     slo = float(r.threshold)
-    a = slo_assessment(hist, slo, 99.0, confidence_param)
+    bad = _unanswered(c)
+    a = slo_assessment(hist, slo, 99.0, confidence_param, failed=bad)
     if a.n == 0:
-        return r.skipped(f"no successful {what} responses were recorded", n=0)
+        return r.skipped(f"no successful or failed {what} requests were recorded", n=0)
+    n_ok = hist.get_total_count()
+    beside = f"successful-only p99 {fmt(percentile_ms(hist, 99.0))} ms over {n_ok}"
     if a.verdict == "insufficient":
         return r.skipped(
             f"insufficient samples: {what} p99 {fmt(a.value_ms)} ms from n={a.n} with "
-            f"{a.overs} over {fmt(slo)} ms; a confident verdict needs n >= {a.min_n} "
-            f"(early stopping, {a.confidence:.0%}) — run longer or at a higher rate",
+            f"{a.overs} over {fmt(slo)} ms ({bad} of them failed or dropped); a confident "
+            f"verdict needs n >= {a.min_n} (early stopping, {a.confidence:.0%}) — run longer "
+            "or at a higher rate",
             value=a.value_ms,
             n=a.n,
         )
     ok = a.verdict == "pass"
-    detail = (
-        f"{what} p99 {fmt(a.value_ms)} ms {'<=' if ok else '>'} {fmt(slo)} ms "
-        f"(n={a.n}, {a.overs} over the SLO)"
-    )
+    if a.value_ms is not None and math.isinf(a.value_ms):
+        detail = (
+            f"{what} p99 is a failure: {bad} of {a.n} finished requests failed or were "
+            f"dropped ({_share(bad, a.n)}; {_kinds(c)}), more than the 1 % a p99 leaves — "
+            f"each counts as over {fmt(slo)} ms ({beside})"
+        )
+    else:
+        detail = (
+            f"{what} p99 {fmt(a.value_ms)} ms {'<=' if ok else '>'} {fmt(slo)} ms over all "
+            f"{a.n} finished requests ({a.overs} over the SLO, {bad} of them failed or "
+            f"dropped; {beside})"
+        )
     if not ok:
         detail += f" — {next_step}"
+        if bad:
+            detail += "; failed and dropped requests count as over the SLO: see errors by kind"
     return r.judged(a.value_ms, ok, detail, n=a.n)
 
 
@@ -120,13 +233,16 @@ def _p99_check(
     unit="ms",
     op="<=",
     defaults={"threshold": 200.0, "stage": "", "confidence": 0.99},
-    summary="p99 latency of successful requests in steady state (early-stopping sample size)",
+    summary="p99 latency in steady state, failed and dropped requests counted as over the SLO "
+    "(early-stopping sample size)",
 )
 def steady_p99(result: Mapping[str, Any], r: Result) -> Check:
-    hist = d.histogram(result, stage_names=_stage_list(r.params["stage"]))
+    names = _stage_list(r.params["stage"])
+    hist = d.histogram(result, stage_names=names)
     return _p99_check(
         r,
         hist,
+        d.counters(result, stage_names=names),
         "steady-state",
         "profile the slow path (per-thread CPU in the report) or lower the offered rate",
         float(r.params["confidence"]),
@@ -278,6 +394,7 @@ def high_p99(result: Mapping[str, Any], r: Result) -> Check:
     c = _p99_check(
         r,
         hist,
+        d.counters(result, stage_names=names, classes=[cls]),
         f"class '{cls}'",
         "the server is not serving high priority first; check its priority queues",
         float(r.params["confidence"]),

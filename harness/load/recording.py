@@ -8,6 +8,12 @@ traffic class, per (stage, class) and per (window, class), windows keyed by the
 *intended* send time. Latencies of ``ok`` requests go to the latency histograms; every
 other sent request's time to its answer goes to ``error_latency``.
 
+The first ``first_n`` requests *scheduled* by a process (in intended send order, not the
+first to complete) are followed apart for the cold-start checks: each is recorded when it
+ends, whatever its outcome — an ``ok`` latency into ``first``, any other outcome (or a
+drop) counted in ``first_counts`` — so a server that fails or stalls only some early
+requests cannot hide them behind the ones that came back quickly.
+
 Workers ``drain()`` what they recorded since the last drain into a JSON-able delta and the
 master ``merge()``s the deltas — histograms are added, percentiles are never averaged.
 A window is shipped once, when it is complete on that worker (nothing with an intended
@@ -146,6 +152,11 @@ class Recording:
         self.dispatch_lag = new_histogram()
         self.error_latency = new_histogram()
         self.first = new_histogram()
+        # the first requests: outcomes as counters (like a Cell's), and which are still out
+        self.first_counts: Counter[str] = Counter()
+        self._first_marked = 0  # first requests marked so far; first_n caps it for good
+        self._first_pending: Counter[tuple[str, str, float]] = Counter()
+        self.first_in_flight_final = 0  # master: first requests still out at the end
         self.integrity: Counter[str] = Counter()
         self.examples: list[dict[str, Any]] = []
         self.in_flight_by_window: Counter[int] = Counter()
@@ -186,6 +197,28 @@ class Recording:
             return
         for cell in self._cells(cls, stage, t):
             cell.counts["scheduled"] += 1
+        if self._first_marked < self.first_n:
+            self._first_marked += 1
+            self._first_pending[(cls, stage, t)] += 1
+            self.first_counts["scheduled"] += 1
+
+    def _first_ended(self, cls: str, stage: str, t: float) -> bool:
+        """Whether the request that ended is one of the first ones (and stop waiting for it).
+
+        Requests are known by (class, stage, intended time); two with the same key are
+        interchangeable here, so the count of first requests stays exact.
+        """
+        if not self._first_pending:
+            return False
+        key = (cls, stage, t)
+        left = self._first_pending.get(key, 0)
+        if not left:
+            return False
+        if left > 1:
+            self._first_pending[key] = left - 1
+        else:
+            del self._first_pending[key]
+        return True
 
     def sent(self, cls: str, stage: str, t: float, lag_us: float | None) -> None:
         """The request left for the server; ``lag_us`` is actual − intended send time."""
@@ -201,6 +234,8 @@ class Recording:
             return
         for cell in self._cells(cls, stage, t):
             cell.counts["dropped"] += 1
+        if self._first_ended(cls, stage, t):
+            self.first_counts["dropped"] += 1
 
     def done(self, cls: str, stage: str, t: float, outcome: str, latency_us: float) -> None:
         """A sent request ended with ``outcome`` after ``latency_us`` from its intended time."""
@@ -225,10 +260,12 @@ class Recording:
         if outcome == "ok":
             for cell in cells:
                 cell.record_ok(value)
-            if self.first.get_total_count() < self.first_n:
-                self.first.record_value(value)
         else:
             self.error_latency.record_value(value)
+        if self._first_ended(cls, stage, t):
+            self.first_counts[outcome] += 1
+            if outcome == "ok":
+                self.first.record_value(value)
 
     def integrity_result(self, kind: str, example: Mapping[str, Any] | None = None) -> None:
         """Count one verified answer (``ok``/``drift``/``cross_wired``/``id_mismatch``)."""
@@ -273,6 +310,8 @@ class Recording:
             "lag": encode(self.dispatch_lag),
             "err": encode(self.error_latency),
             "first": encode(self.first),
+            "first_c": dict(self.first_counts),
+            "first_in_flight": sum(self._first_pending.values()) if final else 0,
             "integrity": dict(self.integrity),
             "examples": self.examples,
             "in_flight": self.in_flight if final else 0,
@@ -284,12 +323,10 @@ class Recording:
         self.stages = {}
         self.dispatch_lag = new_histogram()
         self.error_latency = new_histogram()
-        # "first" keeps counting locally so a worker ships at most first_n of them
-        if self.first.get_total_count() < self.first_n:
-            self.first_n -= self.first.get_total_count()
-        else:
-            self.first_n = 0
+        # which requests are first is decided when they are scheduled (never reset), so
+        # a worker ships at most first_n of them over all its drains
         self.first = new_histogram()
+        self.first_counts = Counter()
         self.integrity = Counter()
         self.examples = []
         if final:
@@ -326,6 +363,8 @@ class Recording:
                 hist.decode_and_add(delta[key])
         if delta.get("first"):
             self.first.decode_and_add(delta["first"])
+        self.first_counts.update(delta.get("first_c") or {})
+        self.first_in_flight_final += int(delta.get("first_in_flight") or 0)
         self.integrity.update(delta.get("integrity") or {})
         for ex in delta.get("examples") or []:
             same = sum(1 for e in self.examples if e.get("kind") == ex.get("kind"))
@@ -392,6 +431,16 @@ class Recording:
                 "latency_hdr": encode(cell.hdr),
             }
         return out
+
+    def first_requests(self) -> dict[str, Any]:
+        """The results-document view of the first requests: ``n`` and ``latency_hdr`` of
+        the ok ones, plus their counters (``scheduled``, ``ok``, ``failed`` by kind,
+        ``dropped``, ``in_flight``) in the shape of ``counters_view``."""
+        return {
+            "n": self.first.get_total_count(),
+            "latency_hdr": encode(self.first),
+            **counters_view(self.first_counts, self.first_in_flight_final),
+        }
 
     def by_stage(self) -> dict[str, Any]:
         return {

@@ -151,7 +151,7 @@ def scenario_result(
         "by_class": rec.by_class(),
         "by_stage": rec.by_stage(),
         "windows": {"width_s": rec.window_s, "rows": list(rec.rows)},
-        "first_requests": {"n": rec.first.get_total_count(), "latency_hdr": encode(rec.first)},
+        "first_requests": rec.first_requests(),
         "latency_hdr": encode(total.hdr),
         "dispatch_lag_hdr": encode(rec.dispatch_lag),
         "error_latency_hdr": encode(rec.error_latency),

@@ -20,6 +20,7 @@ from harness.load.arrivals import Segment
 CHECK_IDS: tuple[str, ...] = (
     "cold_start.time_to_ready_s",
     "cold_start.first_p99_ratio",
+    "cold_start.first_error_rate",
     "steady.p99_ms",
     "steady.error_rate",
     "steady.throughput",
