@@ -75,11 +75,10 @@ class Target:
                 f"--target has value {self.url!r}; expected an http:// URL such as "
                 "http://127.0.0.1:8000"
             )
-        if self.sut_cmd is not None and "{port}" not in self.sut_cmd:
-            raise ConfigError(
-                f"--sut-cmd has value {self.sut_cmd!r} without a {{port}} placeholder; the "
-                'harness picks a free port, e.g. --sut-cmd "tritonserver --http-port {port}"'
-            )
+        if self.sut_cmd is not None:
+            from harness.load.preflight import check_sut_cmd
+
+            check_sut_cmd(self.sut_cmd)
 
     def locust_args(self) -> list[str]:
         args: list[str] = []
@@ -108,6 +107,8 @@ class Plan:
     duration_s: float | None = None
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # scenarios left out before load started, with the reason (name, reason)
+    excluded: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -296,6 +297,9 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     """Run every scenario of ``plan`` in order, then merge, judge and render."""
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[ScenarioRun] = []
+    excluded: list[tuple[str, str]] = list(plan.excluded)
+    for name, why in plan.excluded:
+        show(f"  {name}: NOT RUN — {why}")
     with _Interrupt() as interrupt:
         current = plan
         pinned = any(a.startswith("--capacity-rps") for a in plan.extra_args)
@@ -303,10 +307,17 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
             if interrupt.requested:
                 break
             run = run_one(current, name, i, len(plan.scenarios), interrupt, show)
-            runs.append(run)
             if run.document is None and run.returncode == ConfigError.exit_code:
-                # A usage error in the scenario or options: nothing else will go better.
-                raise ConfigError(run.error or f"locust exited 2 for scenario {name}")
+                message = run.error or f"locust exited 2 for scenario {name}"
+                if not any(r.document is not None for r in runs):
+                    # A usage error before anything was measured: fail in seconds.
+                    raise ConfigError(message)
+                # Found late (after other scenarios measured something): keep what was
+                # measured, name this scenario as not run with the error, go on.
+                excluded.append((Path(name).stem, f"configuration error: {message}"))
+                show(f"  {Path(name).stem}: NOT RUN — configuration error: {message}")
+                continue
+            runs.append(run)
             show(_scenario_summary(run))
             capacity = None if pinned else calibrated_capacity(run.document)
             if capacity is not None:
@@ -330,10 +341,13 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     for run in runs:
         if run.document is None and Path(run.name).stem not in by_name:
             doc["scenarios"].append(_failed_scenario(run))
-    interrupted = any(r.interrupted for r in runs) or len(runs) < len(plan.scenarios)
+    if excluded:
+        doc["excluded"] = [{"name": n, "reason": why} for n, why in excluded]
+    attempted = len(runs) + len(excluded) - len(plan.excluded)
+    interrupted = any(r.interrupted for r in runs) or attempted < len(plan.scenarios)
     if interrupted:
         doc["partial"] = True
-        doc["not_run"] = list(plan.scenarios[len(runs) :])
+        doc["not_run"] = list(plan.scenarios[attempted:])
     doc, code = finish(plan.out_dir, plan.checklist, doc=doc)
     return Outcome(document=doc, exit_code=code, runs=tuple(runs))
 
@@ -373,6 +387,31 @@ def resolve_scenarios(names: Sequence[str]) -> tuple[str, ...]:
     for n in names:
         load_scenario(n, mode="quick")
     return tuple(names)
+
+
+def preflight(plan: Plan) -> list[tuple[str, str]]:
+    """(name, reason) of each planned scenario this target cannot support, found before
+    any load starts (harness.load.preflight)."""
+    from harness.checks import load_checklist
+    from harness.load.preflight import TargetFacts, exclusions
+    from harness.load.scenario import load_scenario
+
+    cores = None
+    args = list(plan.extra_args)
+    for i, a in enumerate(args):
+        if a == "--sut-cores" and i + 1 < len(args):
+            cores = args[i + 1]
+        elif a.startswith("--sut-cores="):
+            cores = a.split("=", 1)[1]
+    facts = TargetFacts(
+        sut_cmd=plan.target.sut_cmd,
+        attached=plan.target.url is not None,
+        sut_pid=plan.target.sut_pid,
+        sut_cores=cores,
+    )
+    checklist = load_checklist(plan.checklist) if plan.checklist is not None else None
+    loaded = [(Path(n).stem, load_scenario(n, mode=plan.mode)) for n in plan.scenarios]
+    return exclusions(loaded, facts, checklist)
 
 
 __all__ = [

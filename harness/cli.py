@@ -229,7 +229,7 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
     extra = list(args.locust_arg)
     if args.sut_cores:
         extra += ["--sut-cores", args.sut_cores]
-    return Plan(
+    plan = Plan(
         scenarios=resolve_scenarios(scenarios),
         mode=args.mode,
         out_dir=Path(args.out or default_out),
@@ -238,6 +238,30 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         duration_s=getattr(args, "duration", None),
         extra_args=tuple(extra),
     )
+    return _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
+
+
+def _without_unsupported(plan: Any, single: bool) -> Any:
+    """Leave out (acceptance) or refuse (run, exit 2) what the target cannot support."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from harness.acceptance import preflight
+
+    excluded = preflight(plan)
+    if not excluded:
+        return plan
+    if single:
+        name, why = excluded[0]
+        raise ConfigError(f"scenario {name!r} cannot run against this target: {why}")
+    names = {n for n, _ in excluded}
+    kept = tuple(s for s in plan.scenarios if Path(s).stem not in names)
+    if not kept:
+        raise ConfigError(
+            "no scenario of the plan can run against this target: "
+            + "; ".join(f"{n}: {why}" for n, why in excluded)
+        )
+    return replace(plan, scenarios=kept, excluded=tuple(excluded))
 
 
 def _execute(plan: Any) -> int:

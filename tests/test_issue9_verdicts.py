@@ -6,6 +6,8 @@ hand-built scenario result and asserts the new behaviour.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -110,3 +112,105 @@ def test_issue9_excluded_scenarios_are_named_and_reported_as_skipped() -> None:
     root = ET.fromstring(render_junit(doc))
     case = root.find(".//testcase[@name='linearity.run']")
     assert case is not None and case.find("skipped") is not None
+
+
+# --- item 12: everything knowable before load is checked before load ----------------------
+
+REF = f"{sys.executable} -m reference_server --port {{port}}"
+
+
+def _harness(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_issue9_run_without_threads_placeholder_is_exit_2_naming_the_fix(tmp_path) -> None:
+    """Old: the missing {threads} was found when linearity started (after the server had
+    started, or — in acceptance — after 9 minutes of other scenarios)."""
+    r = _harness("run", "linearity", "--sut-cmd", REF, "--sut-cores", "0-1", "--out", str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "{threads}" in lines[0], r.stderr
+    assert not (tmp_path / "linearity").exists()  # nothing was started
+
+
+def test_issue9_cold_start_against_an_attached_server_is_refused(tmp_path) -> None:
+    """Old: a warning, then first_p99_ratio judged the 'first' requests of a warm server."""
+    r = _harness("run", "cold_start", "--target", "http://127.0.0.1:9", "--out", str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no cold start to measure" in r.stderr and "--sut-cmd" in r.stderr
+
+
+def test_issue9_bad_placeholder_is_a_usage_error(tmp_path) -> None:
+    r = _harness("run", "steady_state", "--sut-cmd", REF + " --workers {thread}")
+    assert r.returncode == 2 and "bad placeholder" in r.stderr, r.stderr
+
+
+def test_issue9_acceptance_leaves_out_what_the_target_cannot_support(tmp_path) -> None:
+    from harness.acceptance import CHECKLIST, Plan, Target, preflight
+
+    one_core = Plan(
+        scenarios=CHECKLIST,
+        mode="quick",
+        out_dir=tmp_path,
+        target=Target(sut_cmd=REF + " --workers {threads}"),
+        extra_args=("--sut-cores", "1"),
+    )
+    excluded = dict(preflight(one_core))
+    assert set(excluded) == {"linearity"} and "1 core" in excluded["linearity"]
+    no_threads = Plan(
+        scenarios=CHECKLIST,
+        mode="quick",
+        out_dir=tmp_path,
+        target=Target(sut_cmd=REF),
+        extra_args=("--sut-cores", "0-1"),
+    )
+    assert set(dict(preflight(no_threads))) == {"linearity"}
+    attached = Plan(
+        scenarios=CHECKLIST,
+        mode="quick",
+        out_dir=tmp_path,
+        target=Target(url="http://127.0.0.1:9"),
+    )
+    assert set(dict(preflight(attached))) == {"cold_start", "linearity"}
+
+
+def test_issue9_a_configuration_error_found_late_keeps_what_was_measured(
+    tmp_path, monkeypatch
+) -> None:
+    """Old: a scenario exiting 2 after others had run raised, and the measured scenarios
+    were never judged or written. Now it is named as not run and the rest is judged."""
+    import harness.acceptance as acc
+
+    def fake_run_one(plan, name, index, total, interrupt, show, poll_s=1.0):
+        out = plan.out_dir / name
+        if name == "steady_state":
+            sc = result(
+                name="steady_state",
+                check_config={"steady.error_rate": {}},
+                counters=counters(1000),
+            )
+            doc = _doc(sc)
+            return acc.ScenarioRun(name=name, out_dir=out, returncode=0, document=doc)
+        return acc.ScenarioRun(
+            name=name, out_dir=out, returncode=2, error="--input names no model input 'x'"
+        )
+
+    monkeypatch.setattr(acc, "run_one", fake_run_one)
+    plan = acc.Plan(
+        scenarios=("steady_state", "spike"),
+        mode="quick",
+        out_dir=tmp_path,
+        target=acc.Target(sut_cmd=REF),
+    )
+    outcome = acc.run_plan(plan, show=lambda _: None)
+    doc = outcome.document
+    assert [sc["name"] for sc in doc["scenarios"]] == ["steady_state"]
+    assert doc["excluded"][0]["name"] == "spike"
+    assert "configuration error" in doc["excluded"][0]["reason"]
+    assert doc["verdict"] == "pass" and outcome.exit_code == 0 and not doc.get("partial")
+    assert (tmp_path / "results.json").exists() and (tmp_path / "summary.md").exists()

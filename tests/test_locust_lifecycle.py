@@ -203,6 +203,9 @@ def test_threads_sweep_restarts_the_server_per_stage(tmp_path) -> None:
         "--out",
         str(tmp_path),
         "--no-sample",
+        # both cores: a 1-core server has nothing to scale over and is refused up front
+        "--sut-cores",
+        "0-1",
         timeout=120,
     )
     assert run.returncode == 0, run.stdout[-3000:]

@@ -153,6 +153,26 @@ class HarnessState:
             )
         return host.rstrip("/")
 
+    def _preflight(self) -> None:
+        """Refuse (exit 2) a scenario this target cannot support, before starting anything."""
+        from harness.checks import load_checklist
+        from harness.load.preflight import TargetFacts, linearity_max_n, unsupported_reason
+
+        o = self.opts
+        checklist = load_checklist(o.checklist) if o.checklist else None
+        facts = TargetFacts(
+            sut_cmd=o.sut_cmd,
+            attached=not o.sut_cmd,
+            sut_pid=o.sut_pid,
+            sut_cores=o.sut_cores,
+            linearity_max_n=linearity_max_n(self.scenario, checklist),
+        )
+        why = unsupported_reason(self.scenario, facts)
+        if why is not None:
+            raise ConfigError(
+                f"scenario {self.scenario.name!r} cannot run against this target: {why}"
+            )
+
     def _start_sut(self) -> None:
         o = self.opts
         if o.sut_cmd:
@@ -184,6 +204,7 @@ class HarnessState:
     def _prepare(self) -> None:
         o = self.opts
         load = self.scenario.load
+        self._preflight()
         self._start_sut()
         self.sut_cores_n = len(target.cores_of(self.sut_handle) or os.sched_getaffinity(0))
         self.scenario = self.scenario.with_cores(self.sut_cores_n)

@@ -1,0 +1,119 @@
+"""What a scenario needs from its target, checked before any load starts.
+
+A scenario the target cannot support would run for minutes and then judge nothing (or,
+worse, pass something it did not measure: a "cold start" against a server that has been
+warm for an hour). ``unsupported_reason`` says why, in one sentence naming the fix;
+``harness run`` and a plain ``locust -f`` turn it into a usage error (exit 2) within
+seconds, and ``harness acceptance`` leaves the scenario out of its plan, names it with the
+reason in the verdict line, and runs the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from harness.errors import ConfigError
+from harness.load.scenario_model import Scenario
+
+_SUT_CMD_EXAMPLE = "--sut-cmd 'python -m reference_server --port {port} --workers {threads}'"
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """What is known about the target before anything is started."""
+
+    sut_cmd: str | None  # the harness starts the server from this template
+    attached: bool  # --target / --host: a server someone else started
+    sut_pid: int | None = None
+    sut_cores: str | None = None  # --sut-cores as given
+    linearity_max_n: int = 0  # the checklist's linearity.efficiency max_n (0 = the cores)
+
+
+def server_cores(facts: TargetFacts) -> tuple[int, ...] | None:
+    """The cores the server will run on, when knowable before it starts."""
+    from harness import sut
+
+    if facts.sut_cmd:
+        return sut.parse_cores(facts.sut_cores) if facts.sut_cores else sut.choose_cores().sut
+    if facts.sut_pid is not None:
+        try:
+            return tuple(sorted(os.sched_getaffinity(facts.sut_pid)))
+        except OSError:
+            return None
+    return None
+
+
+def check_sut_cmd(cmd: str) -> None:
+    """``{port}`` must be there and no other placeholder than ``{port}``/``{threads}``."""
+    if "{port}" not in cmd:
+        raise ConfigError(
+            f"--sut-cmd has value {cmd!r} without a {{port}} placeholder; the harness picks "
+            'a free port, e.g. --sut-cmd "tritonserver --http-port {port}"'
+        )
+    try:
+        cmd.format(port=8000, threads=1)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(
+            f"--sut-cmd has value {cmd!r}: bad placeholder {e}. Valid placeholders: {{port}}, "
+            "{threads} (write a literal brace as {{ or }})"
+        ) from None
+
+
+def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
+    """Why this target cannot run ``scenario`` so that its checks judge something; None
+    when it can. Only what is knowable before load starts is judged here."""
+    if scenario.load.fresh_sut and not facts.sut_cmd:
+        return (
+            "it times a cold start, and the harness did not start the server (--target): "
+            "there is no cold start to measure — use --sut-cmd so the harness starts it"
+        )
+    lin = scenario.linearity
+    if lin is not None and lin.vary == "threads":
+        if not facts.sut_cmd:
+            return (
+                "it restarts the server with 1, 2, … threads, which needs a server the "
+                f'harness starts: use {_SUT_CMD_EXAMPLE}, or vary = "users" in the scenario'
+            )
+        if "{threads}" not in facts.sut_cmd:
+            return (
+                "it restarts the server with 1, 2, … threads, and --sut-cmd has no "
+                f"{{threads}} placeholder: use {_SUT_CMD_EXAMPLE}"
+            )
+    if lin is not None:
+        cores = server_cores(facts)
+        if cores is not None and len(cores) < 2 and facts.linearity_max_n < 2:
+            return (
+                f"the server gets {len(cores)} core here (cores {list(cores)}; the load "
+                "generator has the rest), so there is nothing to scale over — run on a "
+                "machine with >= 4 cores, or give the server more with --sut-cores (or set "
+                "max_n for linearity.efficiency in a checklist)"
+            )
+    return None
+
+
+def linearity_max_n(scenario: Scenario, checklist: Mapping[str, Any] | None) -> int:
+    """max_n of linearity.efficiency: the checklist's, else the scenario's, else 0."""
+    for layer in (
+        (checklist or {}).get("linearity.efficiency"),
+        scenario.checks.get("linearity.efficiency"),
+    ):
+        if layer and layer.get("max_n"):
+            return int(layer["max_n"])
+    return 0
+
+
+def exclusions(
+    scenarios: Sequence[tuple[str, Scenario]],
+    facts: TargetFacts,
+    checklist: Mapping[str, Any] | None = None,
+) -> list[tuple[str, str]]:
+    """(name, reason) of each scenario this target cannot support."""
+    out = []
+    for name, sc in scenarios:
+        why = unsupported_reason(sc, replace(facts, linearity_max_n=linearity_max_n(sc, checklist)))
+        if why is not None:
+            out.append((name, why))
+    return out
