@@ -23,6 +23,7 @@ cross-wire in a few % of batches).
 | slowdown | ms per minute since ready (20) | each batch sleeps uptime_min x MS_PER_MIN ms more |
 | fifo-dispatch | — | priority queues admit per level, batches form in arrival order |
 | backoff-batching | seconds per regained batch slot (1) | a queue overflow halves the batch cap |
+| cold-errors | the first N inference requests (10) | answered 503 "model not loaded yet" |
 
 The last two differ in *shape* from the others, so the checks can be shown to catch
 defects they were not tuned on. ``late-leak`` is a leak that only shows once a cache
@@ -57,6 +58,12 @@ Clipper keys it on latency): a queue-full rejection halves the batch cap (at mos
 more per request, so an overload that halves the cap lowers capacity below the load,
 which overflows the queue again: a metastable collapse that outlives its trigger (a
 spike, a CPU hog) for as long as the load stays above the small-batch capacity.
+
+``cold-errors`` gives ``cold_start.first_error_rate`` its defect: a server whose readiness
+endpoint says yes before the model can serve (readiness wired to the process, the model
+loaded in the background), so its first N inference requests are refused 503 "model not
+loaded yet" instead of being served or waited for. It is counted in requests, not
+seconds, so the same requests fail however fast the box is.
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ FAULT_NAMES = (
     "slowdown",
     "fifo-dispatch",
     "backoff-batching",
+    "cold-errors",
 )
 
 FAULT_HELP = (
@@ -107,8 +115,8 @@ FAULT_HELP = (
     "output), error-rate[:P=0.05] (500 for that request), serialize (one lock around every "
     "model execution), slowdown[:MS_PER_MIN=20] (each batch slower by MS_PER_MIN ms per minute "
     "since ready), fifo-dispatch (priority at admission only), backoff-batching[:GROW_S=1] (a "
-    "queue overflow halves the batch cap, regained one slot per GROW_S); details in "
-    "reference_server/faults.py"
+    "queue overflow halves the batch cap, regained one slot per GROW_S), cold-errors[:N=10] "
+    "(the first N inference requests answered 503); details in reference_server/faults.py"
 )
 
 
@@ -130,6 +138,7 @@ class FaultSet:
     slowdown_ms_per_min: float | None = None
     fifo_dispatch: bool = False
     backoff_batching_grow_s: float | None = None
+    cold_errors: int | None = None  # the first N inference requests are refused 503
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults."""
@@ -166,6 +175,8 @@ class FaultSet:
             out.append("fifo-dispatch")
         if self.backoff_batching_grow_s is not None:
             out.append(f"backoff-batching:{self.backoff_batching_grow_s:g}")
+        if self.cold_errors is not None:
+            out.append(f"cold-errors:{self.cold_errors}")
         return out
 
     def __bool__(self) -> bool:
@@ -246,6 +257,10 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
             kw["slowdown_ms_per_min"] = _num(
                 spec, param or "20", float, 0.0, None, "slowdown:MS_PER_MIN with MS_PER_MIN >= 0"
             )
+        elif name == "cold-errors":
+            kw["cold_errors"] = int(
+                _num(spec, param or "10", int, 1, None, "cold-errors:N_REQUESTS, N >= 1")
+            )
         elif name == "backoff-batching":
             kw["backoff_batching_grow_s"] = _num(
                 spec, param or "1", float, 0.001, None, "backoff-batching:GROW_S with GROW_S > 0"
@@ -295,6 +310,7 @@ class FaultRuntime:
         self.failed_answers = 0
         # serialize: one lock for every model worker of the process (the defect).
         self._model_lock = threading.Lock()
+        self.cold_refused = 0  # cold-errors: requests refused so far
         self.slowdown_s = 0.0  # total extra time slept by slowdown
         self.retained_bytes = 0  # by leak-memory and late-leak
         self._lock = threading.Lock()
@@ -328,6 +344,17 @@ class FaultRuntime:
         self._late_leaking = True
         log.warning("FAULT late-leak: retaining memory from now on (%.1f s after ready)", after_s)
         return True
+
+    def refuse_cold(self) -> bool:
+        """cold-errors: True for each of the first N inference requests (refuse it)."""
+        n = self.faults.cold_errors
+        if n is None or self.cold_refused >= n:
+            return False
+        with self._lock:
+            if self.cold_refused >= n:
+                return False
+            self.cold_refused += 1
+            return True
 
     def on_request(self) -> None:
         """Called once per accepted inference request (on the event loop)."""

@@ -12,6 +12,7 @@ Each test builds the synthetic result that passed before the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -29,6 +30,9 @@ from harness.checks import REGISTRY, resolve_params
 from harness.checks._data import fmt
 from harness.errors import ConfigError
 from harness.load.recording import Recording, decode
+from reference_server.errors import ConfigError as ServerConfigError
+from reference_server.faults import parse_faults
+from tests.server_fixtures import infer_body
 from tests.test_checks import (
     counters,
     failed,
@@ -40,6 +44,8 @@ from tests.test_checks import (
     skipped,
     stage,
 )
+from tests.test_server_app import SIM
+from tests.test_server_app import client as server_client
 
 
 def steady(
@@ -289,3 +295,19 @@ def test_issue9_integrity_fails_drift_unless_the_model_is_declared_nondeterminis
     # the old switch is gone: a checklist still using it is told so, not silently ignored
     with pytest.raises(ConfigError, match="count_drift"):
         resolve_params("integrity.mismatches", {"count_drift": True})
+
+
+# --- the reference server's cold-errors fault (the detection case for first_error_rate) ----
+
+
+def test_issue9_cold_errors_fault_refuses_only_the_first_n_inference_requests() -> None:
+    assert parse_faults(["cold-errors"]).names() == ["cold-errors:10"]
+    with pytest.raises(ServerConfigError, match="cold-errors:N_REQUESTS"):
+        parse_faults(["cold-errors:0"])
+    config = dataclasses.replace(SIM, faults=parse_faults(["cold-errors:3"]))
+    with server_client(config) as c:
+        assert c.get("/v2/health/ready").status_code == 200  # ready, yet:
+        body = infer_body([[float(i) for i in range(16)]])
+        statuses = [c.post("/v2/models/sim/infer", content=body).status_code for _ in range(6)]
+        assert statuses == [503, 503, 503, 200, 200, 200]
+        assert "cold-errors:3" in c.get("/v2").json()["faults"]
