@@ -190,14 +190,23 @@ def test_accounting_balance() -> None:
     assert "off by +2" in accounting_unbalanced(c)
 
 
-def test_quick_rejection_time_is_not_fooled_by_timeouts_in_the_same_histogram() -> None:
-    from harness.analysis.contention import quick_rejection_time_ms
+def test_quick_rejection_bounds_are_not_fooled_by_timeouts_in_the_same_histogram() -> None:
+    from harness.analysis.contention import quick_rejection_bounds_ms
 
-    # 200 quick 503s (3 ms) and 450 timeouts (5 s) share one failure histogram
+    # 200 quick 503s (3 ms) and 450 timeouts (5 s) share one failure histogram: the
+    # median 503 is at least the 100th fastest failure and at most the 101st slowest
     mixed = lag_hist([3000] * 200 + [5_000_000] * 450)
-    assert quick_rejection_time_ms(mixed, n_quick=200) == pytest.approx(3.0, rel=1e-3)
+    b = quick_rejection_bounds_ms(mixed, n_quick=200)
+    assert b.low_ms == pytest.approx(3.0, rel=1e-3)
+    assert b.high_ms == pytest.approx(5000, rel=1e-3)  # 450 failures could be the 503s
+    assert b.at_most(1000) is None  # cannot tell: not a pass
     # 503s that waited 4 s in a queue first: more than half of them were slow
     slow = lag_hist([4_000_000] * 200 + [5_000_000] * 450)
-    assert quick_rejection_time_ms(slow, n_quick=200) == pytest.approx(4000, rel=1e-3)
-    assert quick_rejection_time_ms(mixed, n_quick=0) is None
-    assert quick_rejection_time_ms(None, n_quick=5) is None
+    assert quick_rejection_bounds_ms(slow, n_quick=200).at_most(1000) is False
+    # few other failures: the 503s' median is pinned down
+    quick = lag_hist([3000] * 200 + [5_000_000] * 50)
+    b = quick_rejection_bounds_ms(quick, n_quick=200)
+    assert b.high_ms == pytest.approx(3.0, rel=1e-3) and b.at_most(1000) is True
+    assert quick_rejection_bounds_ms(mixed, n_quick=0) is None
+    assert quick_rejection_bounds_ms(None, n_quick=5) is None
+    assert quick_rejection_bounds_ms(lag_hist([3000] * 5), n_quick=6) is None  # cannot hold them

@@ -88,7 +88,10 @@ def test_timeline_runs_events_at_offsets_and_records_them():
         (8.0, 8.0, False),
     ]
     assert records[2]["error"] == "apply: RuntimeError: boom"
-    assert set(records[0]) == {"action", "params", "start_s", "end_s", "ok", "error", "detail"}
+    assert set(records[0]) == {
+        "action", "params", "at_s", "start_s", "end_s", "ok", "error", "detail"
+    }  # fmt: skip
+    assert [r["at_s"] for r in records] == [2.0, 5.0, 8.0]
 
 
 def test_timeline_bad_params_fail_before_the_run():

@@ -368,6 +368,26 @@ def test_spike_fail_fast_counts_requests_sent_during_the_spike() -> None:
 # --- contention -----------------------------------------------------------------------------
 
 
+def hog_record(start: float, end: float, cores: int = 1, **fields: Any) -> dict[str, Any]:
+    """A cpu_hog chaos record as the timeline writes it, with its evidence."""
+    return {
+        "action": "cpu_hog",
+        "params": {"cores": cores, "pin": [1], "duration_s": end - start},
+        "at_s": start,
+        "start_s": start,
+        "end_s": end,
+        "ok": True,
+        "error": None,
+        "detail": {
+            "pids": list(range(900, 900 + cores)),
+            "cores_used": [1] * cores,
+            "affinity": [[1]] * cores,
+            "hog_cpu_s": [round(0.5 * (end - start), 2)] * cores,
+        },
+        **fields,
+    }
+
+
 def contention_result(hog_rps: int, after_p99: float = 11.0, **kw: Any) -> dict[str, Any]:
     rows = []
     for t in range(60):
@@ -386,7 +406,8 @@ def contention_result(hog_rps: int, after_p99: float = 11.0, **kw: Any) -> dict[
             ]
         },
         windows={"width_s": 1.0, "rows": rows},
-        error_latency_hdr=hdr([1500] * 100),
+        error_latency_hdr=hdr([1500] * 400),
+        chaos=[hog_record(20.0, 40.0)],
         **kw,
     )
 
@@ -447,6 +468,7 @@ def test_contention_recovery_band_comes_from_before_the_first_hog() -> None:
             ]
         },
         windows={"width_s": 1.0, "rows": rows},
+        chaos=[hog_record(15.0, 30.0), hog_record(45.0, 60.0)],
     )
     c = run("contention.recovery_s", sc)
     failed(c)
@@ -660,6 +682,6 @@ def test_non_finite_values_serialise_as_null() -> None:
 
 
 def test_spike_recovery_says_when_the_spike_did_nothing() -> None:
-    c = run("spike.recovery_s", spike_result(20))  # never left the band
-    passed(c)
-    assert c.value == 0.0 and "may not have overloaded" in c.detail
+    # p99 never left the band and nothing failed: recovery was not exercised (not a pass)
+    c = run("spike.recovery_s", spike_result(20))
+    skipped(c, "not exercised", "disturbed neither")

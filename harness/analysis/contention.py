@@ -1,4 +1,4 @@
-"""Degradation under contention and whether overload is answered fast (REFERENCE §H).
+"""Degradation under contention and whether overload is answered fast.
 
 Blocks alternate with and without CPU hogs; the first seconds of each block are
 discarded (the scheduler and the server's queue need a moment to settle), and blocks
@@ -80,7 +80,7 @@ class FailFast:
     slow: int  # timeouts, resets, and (optionally) requests dropped at the in-flight cap
     other: int  # other failures (500s, integrity), neither quick nor slow
     quick_share: float | None  # quick / (quick + slow); None when neither happened
-    reject_p50_ms: float | None  # bound on the median 503/429 time (quick_rejection_time_ms)
+    reject_p50: RejectBounds | None  # bounds on the median 503/429 time
 
 
 def fail_fast(
@@ -88,7 +88,7 @@ def fail_fast(
     *,
     dropped: int = 0,
     count_dropped_as_slow: bool = True,
-    reject_p50_ms: float | None = None,
+    reject_p50: RejectBounds | None = None,
     quick_kinds: Sequence[str] = QUICK_KINDS,
     slow_kinds: Sequence[str] = SLOW_KINDS,
 ) -> FailFast:
@@ -103,21 +103,51 @@ def fail_fast(
         slow += int(dropped)
     other = sum(int(v) for k, v in errors.items() if k not in quick_kinds and k not in slow_kinds)
     share = quick / (quick + slow) if quick + slow else None
-    return FailFast(quick, slow, other, share, reject_p50_ms)
+    return FailFast(quick, slow, other, share, reject_p50)
 
 
-def quick_rejection_time_ms(error_hist: HdrHistogram | None, n_quick: int) -> float | None:
-    """A sound bound on how long the 503/429 answers took, from a histogram of *all*
-    failed requests' times (the results keep one histogram, not one per kind).
+@dataclass(frozen=True)
+class RejectBounds:
+    """Where the median time of the quick rejections lies: ``low_ms <= median <= high_ms``."""
 
-    The ⌈n_quick/2⌉-th fastest failure time: at least that many failures were this fast,
-    so if it exceeds a limit, more than half of the 503/429s were slower than the limit —
-    a failure verdict from it is never caused by timeouts mixed into the histogram.
+    low_ms: float
+    high_ms: float
+
+    def at_most(self, limit_ms: float) -> bool | None:
+        """True: the median is shown <= ``limit_ms``; False: shown above it; None: the
+        bounds straddle the limit and the histogram cannot tell."""
+        if self.high_ms <= limit_ms:
+            return True
+        if self.low_ms > limit_ms:
+            return False
+        return None
+
+
+def quick_rejection_bounds_ms(error_hist: HdrHistogram | None, n_quick: int) -> RejectBounds | None:
+    """Sound bounds on the median time of ``n_quick`` quick rejections (503/429) when the
+    results keep only one histogram of *all* the run's failure times (N values).
+
+    The rejections judged (those of the spike or hog window) are ``n_quick`` of the N;
+    the rest are other kinds (timeouts, resets, 500s) or failures elsewhere in the run.
+    With m the ⌈n_quick/2⌉-th fastest rejection (their median) and x₍ᵣ₎ the r-th fastest
+    of all N failures:
+
+    * ``x₍⌈n_quick/2⌉₎ <= m`` — the ⌈n_quick/2⌉ fastest rejections are failures, so at
+      least that many failures are no slower than m;
+    * ``m <= x₍N−⌊n_quick/2⌋₎`` — at most ⌊n_quick/2⌋ failures of any kind are slower than
+      that value, so at least n_quick − ⌊n_quick/2⌋ = ⌈n_quick/2⌉ rejections are not.
+
+    A pass needs the upper bound within the limit; a fail, the lower bound above it.
+    None when there is nothing to bound or the histogram holds fewer than ``n_quick``
+    failures (it cannot contain them all). The lower bound is the lowest value of its
+    HDR bucket, the upper the highest, so bucket rounding cannot flip a verdict.
     """
     if error_hist is None or n_quick <= 0:
         return None
     n = error_hist.get_total_count()
-    if n == 0:
+    if n < n_quick:
         return None
-    rank = min(n, max(1, math.ceil(n_quick / 2)))
-    return value_at_rank_us(error_hist, rank) / 1000.0
+    lo_us = value_at_rank_us(error_hist, math.ceil(n_quick / 2))
+    hi_us = value_at_rank_us(error_hist, n - n_quick // 2)
+    low = error_hist.get_lowest_equivalent_value(lo_us)
+    return RejectBounds(low / 1000.0, hi_us / 1000.0)

@@ -25,6 +25,17 @@ class ChaosTarget(Protocol):
     def pids(self) -> list[int]: ...
 
 
+def proc_state(pid: int) -> str | None:
+    """The process state letter from /proc/<pid>/stat (``T`` stopped, ``Z`` zombie…);
+    None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return chr(data[data.rindex(b")") + 2])
+
+
 def target_cores(target: ChaosTarget) -> tuple[int, ...]:
     """The cores the SUT may run on: its configured pinning, else its current affinity."""
     cores = getattr(target, "cores", None)

@@ -1,4 +1,4 @@
-"""CPU hogs: K busy-loop processes pinned to the SUT's cores (REFERENCE §H).
+"""CPU hogs: K busy-loop processes pinned to the SUT's cores.
 
 Each hog is a fresh ``python -S -c`` process that (1) asks the kernel to SIGKILL it when
 its parent dies (``PR_SET_PDEATHSIG`` via prctl — note: tied to the *thread* that spawned
@@ -43,14 +43,17 @@ while time.monotonic() < end:
 """
 
 
-def _cpu_seconds(p: subprocess.Popen) -> float | None:
+def _observe(p: subprocess.Popen) -> tuple[float | None, list[int] | None]:
+    """A live hog's own CPU seconds and the cores it may run on; None once it is gone."""
     if p.poll() is not None:
-        return None
+        return None, None
     try:
-        t = psutil.Process(p.pid).cpu_times()
+        proc = psutil.Process(p.pid)
+        t = proc.cpu_times()
+        affinity = sorted(proc.cpu_affinity())
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-    return round(t.user + t.system, 2)
+        return None, None
+    return round(t.user + t.system, 2), affinity
 
 
 def spawn_hog(seconds: float, core: int | None) -> subprocess.Popen:
@@ -144,12 +147,17 @@ class CpuHog(Action):
         with self._lock:
             procs = list(self.procs)
         cpu_s: list[float | None] = []
+        affinity: list[list[int] | None] = []
         for p in procs:
-            cpu_s.append(_cpu_seconds(p))
+            cpu, cores = _observe(p)
+            cpu_s.append(cpu)
+            affinity.append(cores)
             with contextlib.suppress(ProcessLookupError):
                 p.kill()  # Popen.kill skips a child already reaped, so a reused pid is safe
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5.0)
-        # Proof the hogs ran (REFERENCE §H): their own CPU seconds, None if already gone.
+        # Proof the hogs ran where asked: their own CPU seconds and the cores they were
+        # allowed, observed just before the kill (None for a hog already gone).
         self.detail["hog_cpu_s"] = cpu_s
+        self.detail["affinity"] = affinity

@@ -1,4 +1,10 @@
-"""Kill the SUT and (on revert) restart it, measuring the recovery: kill → ready again."""
+"""Kill the SUT and (on revert) restart it, measuring the recovery: kill → ready again.
+
+The detail records what happened to the process, not what was asked: ``found`` (it was
+running when signalled) and ``gone`` (it had exited within ``exit_timeout_s`` after).
+A kill that found no process, or one the server survived, is no evidence of a restart
+(harness.analysis.chaos_evidence).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.chaos.base import Action, ChaosTarget
+from harness.chaos.base import Action, ChaosTarget, proc_state
 from harness.errors import ConfigError
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
+GONE = ("Z", "X", None)  # exited (a zombie has exited; only its parent has not reaped it)
+
+
+def _running(pid: int) -> bool:
+    return proc_state(pid) not in GONE
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _running(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 class KillRestart(Action):
@@ -32,6 +52,7 @@ class KillRestart(Action):
         restart: bool = True,
         signal_name: str = "SIGKILL",
         ready_timeout_s: float = 60.0,
+        exit_timeout_s: float = 15.0,
         on_restart: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -47,6 +68,7 @@ class KillRestart(Action):
         self.restart = restart
         self.signal_name = signal_name
         self.ready_timeout_s = ready_timeout_s
+        self.exit_timeout_s = exit_timeout_s
         self.on_restart = on_restart
         self._clock = clock
         self._killed_at: float | None = None
@@ -67,6 +89,7 @@ class KillRestart(Action):
     def _apply(self) -> None:
         old = self.target.pid
         self.detail["old_pid"] = old
+        self.detail["found"] = _running(old)
         self._killed_at = self._clock()
         stop = getattr(self.target, "stop", None)
         kill = getattr(self.target, "kill", None)
@@ -77,6 +100,8 @@ class KillRestart(Action):
         else:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(old, SIGNALS[self.signal_name])
+        # SutProcess.stop() waits up to 10 s before its own SIGKILL: wait longer than that.
+        self.detail["gone"] = _wait_gone(old, self.exit_timeout_s)
 
     def _revert(self) -> None:
         if not self.restart:

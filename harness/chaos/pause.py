@@ -1,4 +1,10 @@
-"""Pause: SIGSTOP the SUT's whole process tree, SIGCONT it on revert."""
+"""Pause: SIGSTOP the SUT's whole process tree, SIGCONT it on revert.
+
+The detail records what the kernel said, not what was asked: ``stopped`` lists the pids
+seen in state ``T`` (/proc/<pid>/stat) once the stop landed, ``still_stopped`` those still
+in it just before SIGCONT. A pause nobody observed (the server was gone, a supervisor
+continued it) is no evidence that the server stalled (harness.analysis.chaos_evidence).
+"""
 
 from __future__ import annotations
 
@@ -8,24 +14,22 @@ import signal
 import time
 from typing import Any
 
-from harness.chaos.base import Action, ChaosTarget
+from harness.chaos.base import Action, ChaosTarget, proc_state
 from harness.errors import ConfigError
 
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return chr(data[data.rindex(b")") + 2])
+STOPPED = ("T", "t")
 
 
 def _wait_until_stopped(pids: list[int], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for pid in pids:
-        while _state(pid) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
+        while proc_state(pid) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
             time.sleep(0.001)
+
+
+def _stopped(pids: list[int]) -> list[int]:
+    """The pids the kernel reports as stopped now."""
+    return [pid for pid in pids if proc_state(pid) in STOPPED]
 
 
 class Pause(Action):
@@ -57,10 +61,12 @@ class Pause(Action):
         # SIGSTOP lands asynchronously (a process running on another core must be
         # interrupted): wait until the kernel says "stopped", so the pause starts now.
         _wait_until_stopped(self.stopped, timeout_s=1.0)
+        self.detail["stopped"] = _stopped(self.stopped)
 
     def _revert(self) -> None:
         with self._lock:
             pids = list(self.stopped)
+        self.detail["still_stopped"] = _stopped(pids)
         # Also continue anything now in the tree (a child forked just before the stop).
         for pid in reversed(pids + [p for p in self.target.pids() if p not in pids]):
             with contextlib.suppress(ProcessLookupError):

@@ -60,7 +60,8 @@ def normalize_events(events: Iterable[Any]) -> list[tuple[float, str, dict[str, 
 
 class Timeline:
     """Execute chaos ``events`` against ``target``; ``records`` holds one dict per started event:
-    ``{action, params, start_s, end_s, ok, error, detail}`` (seconds since ``start()``).
+    ``{action, params, at_s, start_s, end_s, ok, error, detail}`` (seconds since ``start()``;
+    ``at_s`` is the planned offset, ``start_s``/``end_s`` when it really began and ended).
     """
 
     def __init__(
@@ -197,10 +198,11 @@ class Timeline:
             self.done.set()
 
     def _apply(self, event_idx: int) -> tuple[int | None, float | None]:
-        _, name, params = self.events[event_idx]
+        offset, name, params = self.events[event_idx]
         rec: dict[str, Any] = {
             "action": name,
             "params": dict(params),
+            "at_s": offset,
             "start_s": round(self._now(), 4),
             "end_s": None,
             "ok": True,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from harness.analysis import validity as v
+from harness.analysis.chaos_evidence import chaos_not_applied
 from harness.analysis.percentiles import percentile_ms
 from harness.checks import _data as d
 from harness.checks.model import Check
@@ -172,6 +173,9 @@ def validity(
         for name, entry in (scenario_result.get("by_class") or {}).items():
             if entry.get("counters"):
                 reasons.append(v.accounting_unbalanced(entry["counters"], f"class '{name}'"))
+
+    # the chaos the scenario is about must have happened (docs/checks.md, "Invalid runs")
+    reasons += chaos_not_applied(scenario_result)
     return [r for r in reasons if r]
 
 

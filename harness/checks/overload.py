@@ -12,9 +12,15 @@ from harness.analysis.contention import (
     Block,
     degradation_ratio,
     fail_fast,
-    quick_rejection_time_ms,
+    quick_rejection_bounds_ms,
 )
-from harness.analysis.recovery import baseline_p99_ms, recovery_time
+from harness.analysis.recovery import (
+    baseline_error_rate,
+    baseline_p99_ms,
+    error_rate_band,
+    error_rates,
+    recovery_time,
+)
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
@@ -25,6 +31,8 @@ RECOVERY_DEFAULTS: Mapping[str, Any] = {
     "factor": 2.0,  # band = baseline p99 x factor ...
     "margin_ms": 10.0,  # ... but never tighter than baseline + margin
     "hold_s": 5.0,  # must stay in band this long
+    "error_factor": 2.0,  # error-rate band = baseline error rate x factor ...
+    "error_margin": 0.01,  # ... but never tighter than baseline + margin
     "smooth_windows": 3,  # rolling median over windows before judging
     "discard_s": 2.0,  # skip the start of the baseline
     "class_name": "",  # "" = worst class per window
@@ -46,25 +54,37 @@ def smooth(values: Sequence[float | None], k: int) -> list[float | None]:
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def _recovery(
     result: Mapping[str, Any],
     r: Result,
     event: str,
+    event_start: float,
     event_end: float,
     baseline_spans: Sequence[tuple[float, float]],
 ) -> Check:
+    """Recovery of both the windowed p99 and the windowed error rate after the event;
+    "not exercised" (skipped) when the event disturbed neither."""
     p = r.params
     classes = [p["class_name"]] if p["class_name"] else None
     w = d.windows(result, classes)
     if w is None:
         return r.skipped("no windowed latencies were recorded")
-    p99 = smooth(w.p99_ms, int(p["smooth_windows"]))
+    k = int(p["smooth_windows"])
+    p99 = smooth(w.p99_ms, k)
+    failed = [sum(e.values()) for e in w.errors]  # "dropped" too: the server fell behind
+    err = smooth(error_rates(w.ok, failed), k)
     base_vals = [
         b for lo, hi in baseline_spans if (b := baseline_p99_ms(w.t, p99, lo, hi)) is not None
     ]
     if not base_vals:
         return r.skipped(f"no baseline windows before the {event} to define the latency band")
     baseline = float(np.median(base_vals))
+    base_err = baseline_error_rate(w.t, w.ok, failed, baseline_spans) or 0.0
+    err_band = error_rate_band(base_err, float(p["error_factor"]), float(p["error_margin"]))
     rec = recovery_time(
         w.t,
         p99,
@@ -74,36 +94,54 @@ def _recovery(
         margin_ms=float(p["margin_ms"]),
         hold_s=float(p["hold_s"]),
         width_s=w.width_s,
+        error_rate=err,
+        error_band=err_band,
+        event_start_s=event_start,
     )
     if rec.windows_after == 0:
         return r.skipped(
             f"no windows after the {event} ended at {fmt(event_end)} s — add a recovery stage"
         )
     band = (
-        f"band {fmt(rec.band_ms)} ms = max(baseline p99 {fmt(baseline)} ms x "
-        f"{fmt(p['factor'])}, + {fmt(p['margin_ms'])} ms), held {fmt(p['hold_s'])} s"
+        f"p99 band {fmt(rec.band_ms)} ms = max(baseline p99 {fmt(baseline)} ms x "
+        f"{fmt(p['factor'])}, + {fmt(p['margin_ms'])} ms) and error-rate band "
+        f"{_pct(err_band)} = max(baseline {_pct(base_err)} x {fmt(p['error_factor'])}, "
+        f"+ {_pct(float(p['error_margin']))})"
+    )
+    if not rec.disturbed:
+        return r.skipped(
+            f"recovery not exercised: from the start of the {event} at {fmt(event_start)} s "
+            f"on, p99 peaked at {fmt(rec.peak_ms)} ms and the error rate at "
+            f"{_pct(rec.peak_error)}, inside the {band} — the {event} disturbed neither, so "
+            "there was nothing to recover from; overload the server harder (a higher "
+            "spike rate, more hog cores) to judge recovery",
+            n=rec.windows_after,
+        )
+    worst = (
+        f"worst after: p99 {fmt(rec.worst_after_ms)} ms, error rate {_pct(rec.worst_error_after)}"
     )
     if rec.recovery_s is None:
         after_s = rec.windows_after * w.width_s
         return r.judged(
             None,
             False,
-            f"p99 never stayed back within the {band} in the {fmt(after_s)} s after the "
-            f"{event} (worst {fmt(rec.worst_after_ms)} ms) — something outlives the overload: "
-            "an unbounded backlog still draining, or a controller that backed off (batch "
-            "size, workers) and does not come back; compare its batch size and queue depth "
-            "before and after",
+            f"p99 and error rate never stayed back within the {band} for "
+            f"{fmt(p['hold_s'])} s in the {fmt(after_s)} s after the {event} ({worst}) — "
+            "something outlives the overload: an unbounded backlog still draining, a "
+            "server still shedding, or a controller that backed off (batch size, workers) "
+            "and does not come back; compare its batch size and queue depth before and "
+            "after",
             n=rec.windows_after,
         )
     ok = r.compare(rec.recovery_s)
     detail = (
-        f"p99 back within the {band} {fmt(rec.recovery_s)} s after the {event}, "
-        f"{'<=' if ok else '>'} {fmt(r.threshold)} s (worst {fmt(rec.worst_after_ms)} ms)"
+        f"p99 and error rate back within the {band}, held {fmt(p['hold_s'])} s, "
+        f"{fmt(rec.recovery_s)} s after the {event}, {'<=' if ok else '>'} "
+        f"{fmt(r.threshold)} s (peak p99 {fmt(rec.peak_ms)} ms, error rate "
+        f"{_pct(rec.peak_error)}; {worst})"
     )
     if not ok:
         detail += " — a long tail after overload means a deep queue: bound it and shed early"
-    elif rec.worst_after_ms is not None and rec.worst_after_ms <= rec.band_ms:
-        detail += f"; p99 never left the band: the {event} may not have overloaded the server"
     return r.judged(round(rec.recovery_s, 3), ok, detail, n=rec.windows_after)
 
 
@@ -144,6 +182,7 @@ def spike_recovery(result: Mapping[str, Any], r: Result) -> Check:
         result,
         r,
         f"spike stage '{event['name']}'",
+        float(event["start_s"]),
         float(event["end_s"]),
         [(float(base["start_s"]) + _discard(base, r), float(base["end_s"]))],
     )
@@ -182,14 +221,13 @@ def _fail_fast(
     where: str,
 ) -> Check:
     p = r.params
-    run = d.counters(result) or {}
-    n_quick = sum(int((run.get("failed") or {}).get(k, 0)) for k in QUICK_KINDS)
-    reject_p50 = quick_rejection_time_ms(d.optional_hist(result.get("error_latency_hdr")), n_quick)
+    n_quick = sum(int(errors.get(k, 0)) for k in QUICK_KINDS)  # of the judged requests only
+    bounds = quick_rejection_bounds_ms(d.optional_hist(result.get("error_latency_hdr")), n_quick)
     ff = fail_fast(
         errors,
         dropped=dropped,
         count_dropped_as_slow=bool(p["count_dropped_as_slow"]),
-        reject_p50_ms=reject_p50,
+        reject_p50=bounds,
     )
     judged = ff.quick + ff.slow
     if judged < int(p["min_failures"]):
@@ -201,19 +239,33 @@ def _fail_fast(
         )
     share = ff.quick_share or 0.0
     share_ok = r.compare(share)
-    lat_ok = reject_p50 is None or reject_p50 <= float(p["max_reject_p50_ms"])
+    limit = float(p["max_reject_p50_ms"])
+    lat_ok = bounds.at_most(limit) if bounds is not None else None
+    shown = (
+        "no failure-time histogram holds them"
+        if bounds is None
+        else f"{fmt(bounds.low_ms)}–{fmt(bounds.high_ms)} ms"
+    )
+    op = {True: "<=", False: ">", None: "?"}[lat_ok]
     detail = (
         f"{ff.quick} quick 503/429 vs {ff.slow} timeouts/resets/drops {where}: "
         f"{share:.1%} quick {'>=' if share_ok else '<'} {float(r.threshold):.0%}; "
-        f"median 503/429 time at most {fmt(reject_p50)} ms "
-        f"({'<=' if lat_ok else '>'} {fmt(p['max_reject_p50_ms'])} ms)"
+        f"median 503/429 time {shown} ({op} {fmt(limit)} ms)"
     )
-    if not (share_ok and lat_ok):
+    if share_ok and lat_ok is None:
+        return r.skipped(
+            detail + " — the share passes but the 503/429 times cannot be shown quick: the "
+            "run keeps one histogram of all failure times, and its other failures (other "
+            "kinds, or outside the judged window) leave the median between those bounds",
+            n=judged,
+        )
+    passed = share_ok and lat_ok is True
+    if not passed:
         detail += (
             " — overload must be refused at once (bounded queue, 503 + Retry-After), "
             "not left to time out"
         )
-    return r.judged(round(share, 4), share_ok and lat_ok, detail, n=judged)
+    return r.judged(round(share, 4), passed, detail, n=judged)
 
 
 @register(
@@ -243,35 +295,77 @@ def spike_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     return _fail_fast(r, result, errors, dropped, where)
 
 
+def _hog_runs(result: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """When CPU hogs really ran: the ``cpu_hog`` chaos records that applied and ended."""
+    return [
+        (float(c["start_s"]), float(c["end_s"]))
+        for c in result.get("chaos") or []
+        if c.get("action") == "cpu_hog" and c.get("ok") is True and c.get("end_s") is not None
+    ]
+
+
+def _hogs_planned(result: Mapping[str, Any]) -> bool:
+    blocks = (result.get("contention") or {}).get("blocks") or []
+    chaos = result.get("chaos") or []
+    return any(b.get("kind") == "hog" for b in blocks) or any(
+        c.get("action") == "cpu_hog" for c in chaos
+    )
+
+
+NO_HOG_RAN = (
+    "hog blocks were planned but no CPU hog ran in them (no cpu_hog record that applied): "
+    "there is nothing to compare — the run's validity says why the chaos did not happen"
+)
+
+
 def contention_blocks(result: Mapping[str, Any], r: Result | None) -> dict[str, list[Block]]:
     """Blocks by kind, from ``contention.blocks`` or else from the cpu_hog chaos events.
 
-    Each block starts after its discarded seconds (``discard_s`` or the block's stage
-    ``warmup_s``): the scheduler and the server's queue need a moment to settle.
+    A hog block is the planned block intersected with the hogs that really ran (the
+    ``cpu_hog`` chaos records that applied): a hog that failed or was skipped leaves no
+    hog block, so a baseline is never judged as contention (the run is also invalid, see
+    harness.analysis.chaos_evidence). Each block starts after its discarded seconds
+    (``discard_s`` or the block's stage ``warmup_s``), counted from when the hog really
+    started: the scheduler and the server's queue need a moment to settle.
     """
     out: dict[str, list[Block]] = {"baseline": [], "hog": [], "after": []}
+    runs = _hog_runs(result)
     blocks = (result.get("contention") or {}).get("blocks") or []
     if blocks:
         for b in blocks:
             skip = _discard(d.stage(result, b.get("stage") or b.get("name") or ""), r)
-            start = min(float(b["start_s"]) + skip, float(b["end_s"]))
-            out.setdefault(b["kind"], []).append(Block(b["kind"], start, float(b["end_s"])))
+            lo, hi = float(b["start_s"]), float(b["end_s"])
+            spans = [(lo, hi)]
+            if b["kind"] == "hog":
+                spans = [(max(lo, a), min(hi, z)) for a, z in runs if min(hi, z) > max(lo, a)]
+            for a, z in spans:
+                out.setdefault(b["kind"], []).append(Block(b["kind"], min(a + skip, z), z))
         return out
-    hogs = [c for c in result.get("chaos") or [] if c.get("action") == "cpu_hog" and c.get("end_s")]
-    if not hogs:
+    if not runs:
         return out
     skip = _discard(None, r)
-    first = min(float(c["start_s"]) for c in hogs)
-    last = max(float(c["end_s"]) for c in hogs)
+    first = min(a for a, _ in runs)
+    last = max(z for _, z in runs)
     out["baseline"].append(Block("baseline", min(skip, first), first))
-    out["hog"] = [
-        Block("hog", min(float(c["start_s"]) + skip, float(c["end_s"])), float(c["end_s"]))
-        for c in hogs
-    ]
+    out["hog"] = [Block("hog", min(a + skip, z), z) for a, z in runs]
     end = float(result.get("duration_s") or last)
     if end > last:
         out["after"].append(Block("after", min(last + skip, end), end))
     return out
+
+
+def _last_hog(result: Mapping[str, Any]) -> tuple[float, float] | None:
+    """When the last hog that ran in a hog block (or at all, without blocks) began and
+    really ended — past its block if it overran, since the server was still short of CPU."""
+    runs = _hog_runs(result)
+    blocks = [
+        (float(b["start_s"]), float(b["end_s"]))
+        for b in (result.get("contention") or {}).get("blocks") or []
+        if b.get("kind") == "hog"
+    ]
+    if blocks:
+        runs = [(a, z) for a, z in runs if any(min(hi, z) > max(lo, a) for lo, hi in blocks)]
+    return max(runs, key=lambda x: x[1]) if runs else None
 
 
 @register(
@@ -283,6 +377,8 @@ def contention_blocks(result: Mapping[str, Any], r: Result | None) -> dict[str, 
 )
 def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
     blocks = contention_blocks(result, r)
+    if not blocks["hog"] and _hogs_planned(result):
+        return r.skipped(NO_HOG_RAN)
     if not blocks["hog"] or not blocks["baseline"]:
         return r.skipped("the scenario has no baseline and CPU-hog blocks")
     w = d.windows(result)
@@ -329,6 +425,8 @@ def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
 )
 def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     blocks = contention_blocks(result, None)  # every failure in a hog block counts
+    if not blocks["hog"] and _hogs_planned(result):
+        return r.skipped(NO_HOG_RAN)
     w = d.windows(result)
     if not blocks["hog"] or w is None:
         c = d.counters(result)
@@ -351,11 +449,15 @@ def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
 )
 def contention_recovery(result: Mapping[str, Any], r: Result) -> Check:
     blocks = contention_blocks(result, r)
-    if not blocks["hog"] or not blocks["baseline"]:
+    last = _last_hog(result)
+    if last is None and _hogs_planned(result):
+        return r.skipped(NO_HOG_RAN)
+    if last is None or not blocks["hog"] or not blocks["baseline"]:
         return r.skipped("the scenario has no baseline and CPU-hog blocks")
-    end = max(b.end_s for b in blocks["hog"])
     # The band comes from the blocks before the first hog: a server that did not recover
     # between hog blocks must not set its own bar with its later baseline blocks.
     first_hog = min(b.start_s for b in blocks["hog"])
     clean = [b for b in blocks["baseline"] if b.end_s <= first_hog] or blocks["baseline"]
-    return _recovery(result, r, "CPU hogs", end, [(b.start_s, b.end_s) for b in clean])
+    # Recovery is from the last hog: disturbed means its block or the time after it left
+    # a band (an earlier hog's effect that lasts into it counts too).
+    return _recovery(result, r, "CPU hogs", last[0], last[1], [(b.start_s, b.end_s) for b in clean])
