@@ -6,7 +6,9 @@ one-off step-ups of RSS are normal; a leak is *sustained* growth. The detector:
 1. drop a warm-up (``warmup_frac`` of the run, at least ``warmup_min_s``);
 2. reduce to medians over buckets of ``bucket_s`` seconds (robust to spikes/sawtooth);
 3. Theil–Sen slope b (units per minute) with a ``ci`` confidence interval, and a
-   one-sided Mann–Kendall test for an increasing trend (p-value, ties handled);
+   one-sided Mann–Kendall test for an increasing trend (p-value, ties handled), its
+   variance corrected for autocorrelation (Hamed & Rao 1998); when the samples wander like
+   a random walk (KPSS, below) the drift must also stand out against the walk's own steps;
 4. LEAK when p < alpha, b > S, the CI's lower bound > S, and the second half's slope
    > S and ≥ ``second_half_ratio`` × the first half's (growth that is not slowing down);
    INCONCLUSIVE when p < alpha and b > S but another condition fails (extend the soak);
@@ -17,6 +19,19 @@ bucket medians): a pool that grew once and stopped is not a leak.
 
 Naive OLS or raw Mann–Kendall at p < 0.05 flagged a third of flat series in simulation —
 which is why every condition above is needed.
+
+Random-walk noise. RSS often moves in steps (arenas and pages mapped and returned) that
+add up like a random walk rather than wobbling around a level. A walk has no level to
+return to, so over any window it shows a slope of about ``step × √n``; the Mann–Kendall
+test, even with the Hamed–Rao correction (whose autocorrelation is estimated after the
+walk's apparent slope was removed), calls that a trend. On 200 healthy 1-hour series
+with 0.3 MiB steps in a fifth of the seconds, 10 MiB/h threshold, the plain test failed
+≈ 20 % of them (LEAK or INCONCLUSIVE). So the samples are first asked whether they are
+stationary around a line (KPSS, with an AR(1)-prewhitened long-run variance so that
+short-memory wobble is not mistaken for a walk); if not, the drift must also be
+significant against the spread of the bucket-to-bucket steps (a one-sided t-test on the
+mean step, its variance widened for the positive lag-1 correlation that averaging a walk
+into buckets creates). tests/test_issue9_soak.py measures the rates.
 """
 
 from __future__ import annotations
@@ -27,9 +42,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import norm, theilslopes
+from scipy.stats import norm, rankdata, theilslopes
+from scipy.stats import t as student_t
 
 Verdict = Literal["LEAK", "INCONCLUSIVE", "PASS", "INSUFFICIENT"]
+
+# KPSS η_τ (level and trend removed) 5 % critical value, Kwiatkowski et al. (1992) table 1:
+# above it the series is not stationary around a line — it wanders like a random walk.
+KPSS_TREND_5PCT = 0.146
+# The KPSS statistic is computed on at most this many medians of the judged samples.
+KPSS_MAX_POINTS = 600
 
 
 @dataclass(frozen=True)
@@ -74,6 +96,12 @@ class TrendResult:
     first_half_slope: float | None
     second_half_slope: float | None
     reasons: tuple[str, ...]
+    # the parts of p_value: Hamed–Rao Mann–Kendall, and (random-walk-like samples only)
+    # the drift test against the walk's steps; p_value is the larger
+    p_mann_kendall: float | None = None
+    variance_inflation: float | None = None  # Hamed–Rao n/n*, >= 1
+    kpss: float | None = None
+    p_walk: float | None = None  # None: the samples are stationary around a line
 
 
 def mann_kendall(y: Sequence[float]) -> tuple[float, float]:
@@ -86,20 +114,110 @@ def mann_kendall(y: Sequence[float]) -> tuple[float, float]:
     n = len(arr)
     if n < 3:
         return 0.0, 1.0
+    s, var = _mk_s_var(arr)
+    if var <= 0:
+        return s, 1.0
+    return s, float(norm.sf(_z(s, var)))
+
+
+def _mk_s_var(arr: np.ndarray) -> tuple[float, float]:
+    n = len(arr)
     diffs = arr[None, :] - arr[:, None]
     s = float(np.sign(diffs[np.triu_indices(n, k=1)]).sum())
     _, tie_counts = np.unique(arr, return_counts=True)
     ties = tie_counts[tie_counts > 1].astype(float)
     var = (n * (n - 1) * (2 * n + 5) - float(np.sum(ties * (ties - 1) * (2 * ties + 5)))) / 18.0
-    if var <= 0:
-        return s, 1.0
+    return s, var
+
+
+def _z(s: float, var: float) -> float:
     if s > 0:
-        z = (s - 1) / math.sqrt(var)
-    elif s < 0:
-        z = (s + 1) / math.sqrt(var)
-    else:
-        z = 0.0
-    return s, float(norm.sf(z))
+        return (s - 1) / math.sqrt(var)
+    if s < 0:
+        return (s + 1) / math.sqrt(var)
+    return 0.0
+
+
+def mann_kendall_hr(y: Sequence[float]) -> tuple[float, float, float]:
+    """One-sided Mann–Kendall with the Hamed & Rao (1998) autocorrelation correction:
+    (S, p-value, variance inflation n/n*).
+
+    The series is detrended with its Sen slope; the lag-k autocorrelations of the ranks
+    of the residuals that are significant at 5 % (|r_k| > 1.96/√n) give
+    n/n* = 1 + 2/(n(n−1)(n−2)) · Σ (n−k)(n−k−1)(n−k−2) r_k, and Var(S) is multiplied
+    by it. The factor is floored at 1: a negatively correlated series is not allowed to
+    make the test more eager than the plain one.
+    """
+    arr = np.asarray(y, dtype=float)
+    n = len(arr)
+    if n < 3:
+        return 0.0, 1.0, 1.0
+    s, var = _mk_s_var(arr)
+    if var <= 0:
+        return s, 1.0, 1.0
+    i = np.arange(n, dtype=float)
+    resid = arr - float(theilslopes(arr, i).slope) * i
+    r = rankdata(resid)
+    r -= r.mean()
+    den = float(np.sum(r * r))
+    inflation = 1.0
+    if den > 0 and n > 3:
+        bound = norm.ppf(0.975) / math.sqrt(n)
+        total = 0.0
+        for k in range(1, n - 2):
+            rk = float(np.sum(r[:-k] * r[k:])) / den
+            if abs(rk) > bound:
+                total += (n - k) * (n - k - 1) * (n - k - 2) * rk
+        inflation = max(1.0, 1.0 + 2.0 * total / (n * (n - 1) * (n - 2)))
+    return s, float(norm.sf(_z(s, var * inflation))), inflation
+
+
+def kpss_trend(y: Sequence[float]) -> float:
+    """KPSS η_τ: is the series stationary around a straight line (small) or does it
+    wander like a random walk (large; > ``KPSS_TREND_5PCT`` rejects stationarity at 5 %)?
+
+    The long-run variance is prewhitened with an AR(1) fit whose coefficient is capped at
+    1 − 2/√n: short-memory wobble (RSS's AR(1) with φ≈0.7 at 1 s) is accounted for, while
+    a walk (φ → 1) is not explained away.
+    """
+    arr = np.asarray(y, dtype=float)
+    n = len(arr)
+    if n < 8:
+        return 0.0
+    x = np.arange(n, dtype=float)
+    slope, intercept = np.polyfit(x, arr, 1)
+    e = arr - (slope * x + intercept)
+    lrv = float(np.mean(e * e))
+    den = float(np.sum(e[:-1] * e[:-1]))
+    rho = float(np.sum(e[1:] * e[:-1])) / den if den > 0 else 0.0
+    rho = min(rho, 1.0 - 2.0 / math.sqrt(n))
+    if rho > 0:
+        u = e[1:] - rho * e[:-1]
+        lrv = float(np.mean(u * u)) / (1.0 - rho) ** 2
+    if lrv <= 0:
+        return 0.0
+    partial = np.cumsum(e)
+    return float(np.sum(partial * partial) / (n * n * lrv))
+
+
+def walk_drift_p(yb: Sequence[float]) -> float:
+    """One-sided p-value that a random walk's steps have a positive mean (a drift).
+
+    ``yb`` are bucket medians; their steps are independent for a walk except for the
+    positive lag-1 correlation bucketing creates (Working 1960: 0.25 for means), so the
+    variance of the mean step is widened by 1 + 2·r₁ when r₁ > 0.
+    """
+    d = np.diff(np.asarray(yb, dtype=float))
+    m = len(d)
+    if m < 3:
+        return 1.0
+    dc = d - d.mean()
+    g0 = float(np.mean(dc * dc))
+    if g0 == 0:
+        return 0.0 if d.mean() > 0 else 1.0
+    g1 = float(np.mean(dc[1:] * dc[:-1]))
+    var = g0 * max(1.0, 1.0 + 2.0 * g1 / g0) * m / (m - 1)
+    return float(student_t.sf(float(d.mean()) / math.sqrt(var / m), m - 1))
 
 
 def bucket_medians(
@@ -116,6 +234,16 @@ def bucket_medians(
         tb.append(float(np.median(t[sel])))
         yb.append(float(np.median(v[sel])))
     return np.asarray(tb), np.asarray(yb)
+
+
+def _thin(y: np.ndarray, max_points: int) -> np.ndarray:
+    """Medians of consecutive runs of samples, at most about ``max_points`` of them."""
+    size = math.ceil(len(y) / max_points)
+    if size <= 1:
+        return y
+    whole = len(y) // size * size
+    out = np.median(y[:whole].reshape(-1, size), axis=1)
+    return np.append(out, np.median(y[whole:])) if whole < len(y) else out
 
 
 def _slope_per_min(t_s: np.ndarray, y: np.ndarray) -> float | None:
@@ -167,7 +295,10 @@ def leak_test(
 
     fit = theilslopes(yb, tb / 60.0, alpha=params.ci)
     b, lo, hi = float(fit.slope), float(fit.low_slope), float(fit.high_slope)
-    _, p = mann_kendall(yb)
+    _, p_mk, inflation = mann_kendall_hr(yb)
+    eta = kpss_trend(_thin(yk, KPSS_MAX_POINTS))
+    p_walk = walk_drift_p(yb) if eta > KPSS_TREND_5PCT else None
+    p = max(p_mk, p_walk) if p_walk is not None else p_mk
     half = len(tb) // 2
     b1 = _slope_per_min(tb[:half], yb[:half])
     b2 = _slope_per_min(tb[half:], yb[half:])
@@ -205,6 +336,11 @@ def leak_test(
         why = []
         if not p < params.alpha:
             why.append(f"no significant upward trend (p={p:.2g} >= {params.alpha:g})")
+            if p_walk is not None and p_walk > p_mk:
+                why.append(
+                    f"the samples wander like a random walk (KPSS {eta:.2f} > "
+                    f"{KPSS_TREND_5PCT:g}) and the drift is within the walk's steps"
+                )
         if not b > S:
             why.append(f"slope {b:.4g}/min <= threshold {S:g}/min")
         reasons = tuple(why)
@@ -222,6 +358,10 @@ def leak_test(
         first_half_slope=b1,
         second_half_slope=b2,
         reasons=reasons,
+        p_mann_kendall=p_mk,
+        variance_inflation=inflation,
+        kpss=eta,
+        p_walk=p_walk,
     )
 
 

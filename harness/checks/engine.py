@@ -12,6 +12,7 @@ from harness.analysis.percentiles import percentile_ms
 from harness.checks import _data as d
 from harness.checks.model import Check
 from harness.checks.registry import REGISTRY, resolve_params, run_check
+from harness.checks.soak import needed_server_series
 from harness.errors import ConfigError, ResultFormatError
 
 ALWAYS: tuple[str, ...] = ("accounting.balanced",)
@@ -92,6 +93,7 @@ class ValidityParams:
     default_slo_ms: float = 200.0  # when the scenario judges no p99
     max_missed_frac: float = 0.05
     max_gap_intervals: float = 5.0
+    min_coverage: float = 0.9  # the sampler's first..last sample against the run
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:
@@ -130,11 +132,23 @@ def validity(
     p = ValidityParams.from_mapping(overrides.get("validity"))
     reasons: list[str | None] = []
 
-    sys_series = (scenario_result.get("system") or {}).get("series") or {}
+    system = scenario_result.get("system") or {}
+    sys_series = system.get("series") or {}
     cpu = sys_series.get("loadgen_cpu_pct")
-    if cpu and len(sys_series.get("t") or []) == len(cpu):
-        # the series sums the generator's processes (100 = one core); with N Locust
-        # worker processes, saturation is N x the per-process limit
+    if system.get("loadgen_processes") and sys_series.get("t"):
+        # per Locust process (one gevent loop on one core): one saturated worker is
+        # saturation even when the summed series looks half used
+        reasons.append(
+            v.loadgen_process_saturated(
+                sys_series["t"],
+                system["loadgen_processes"],
+                max_pct=p.loadgen_max_pct,
+                sustain_s=p.loadgen_sustain_s,
+            )
+        )
+    elif cpu and len(sys_series.get("t") or []) == len(cpu):
+        # results recorded before per-process CPU: the series sums the generator's
+        # processes (100 = one core); with N Locust workers, N x the per-process limit
         workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
         reasons.append(
             v.loadgen_saturated(
@@ -142,6 +156,15 @@ def validity(
                 cpu,
                 max_pct=p.loadgen_max_pct * workers,
                 sustain_s=p.loadgen_sustain_s,
+            )
+        )
+    else:
+        # no sampler ran: the workers' CPU time over the run — coarse, never silent
+        reasons.append(
+            v.loadgen_mean_saturated(
+                (scenario_result.get("load") or {}).get("cpu_s_by_worker") or {},
+                float(scenario_result.get("duration_s") or 0.0),
+                max_pct=p.loadgen_max_pct,
             )
         )
 
@@ -156,12 +179,16 @@ def validity(
 
     server = scenario_result.get("server")
     if server:
+        # a sampler ran: its samples must cover the run, or the checks that read them
+        # and the saturation rule above would switch off without a word
         reasons.append(
-            v.sampler_gaps(
-                (server.get("series") or {}).get("t") or [],
-                interval_s=float(server.get("interval_s") or 1.0),
-                ticks=server.get("ticks"),
-                missed_ticks=server.get("missed_ticks"),
+            v.sampler_problems(
+                server,
+                scenario_result.get("system"),
+                run_start_unix=scenario_result.get("started_unix"),
+                run_s=float(scenario_result.get("duration_s") or 0.0),
+                needed=needed_server_series(scenario_result.get("check_config") or {}, overrides),
+                min_coverage=p.min_coverage,
                 max_missed_frac=p.max_missed_frac,
                 max_gap_intervals=p.max_gap_intervals,
             )
@@ -198,7 +225,12 @@ def validity_margins(
         out["dispatch_lag_p99_ms"] = (percentile_ms(lag, 99.0), p.lag_max_fraction * slo)
     sys_series = (scenario_result.get("system") or {}).get("series") or {}
     t, cpu = sys_series.get("t") or [], sys_series.get("loadgen_cpu_pct") or []
-    if cpu and len(t) == len(cpu):
+    procs = (scenario_result.get("system") or {}).get("loadgen_processes")
+    if procs and t:
+        # the busiest single process against the per-process limit, as validity judges it
+        held = v.loadgen_process_held(t, procs, p.loadgen_sustain_s)
+        out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct)
+    elif cpu and len(t) == len(cpu):
         workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
         held = v.sustained_level(t, cpu, p.loadgen_sustain_s)
         out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)

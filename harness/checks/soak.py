@@ -19,7 +19,7 @@ from harness.analysis.trend import (
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
-from harness.checks.registry import register
+from harness.checks.registry import register, resolve_params
 
 MIB = 1024.0 * 1024.0
 
@@ -31,8 +31,37 @@ TREND_DEFAULTS: Mapping[str, Any] = {
     "alpha": 0.01,
     "ci": 0.90,
     "second_half_ratio": 0.5,
+    # An inconclusive trend (significant growth above the threshold that the other
+    # conditions could not confirm) is a skip in a quick run — the soak was too short to
+    # tell — and a failure in a full run, whose job is to tell. ``inconclusive_fails``
+    # makes it fail in every mode; ``inconclusive_fails_full = false`` lets a full run
+    # skip it again. (Two booleans, because a parameter's type is its default's.)
     "inconclusive_fails": False,
+    "inconclusive_fails_full": True,
 }
+
+# The server series each soak check reads (``rss_trend`` reads the one its ``series``
+# parameter names): listed but missing, the run cannot judge what it was asked to.
+SERVER_SERIES: Mapping[str, str | None] = {
+    "soak.rss_trend": None,  # params["series"]
+    "soak.threads_trend": "threads",
+    "soak.fds_trend": "fds",
+}
+
+
+def needed_server_series(
+    check_config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """check id → the server series it needs, for the enabled soak checks the scenario lists."""
+    overrides = overrides or {}
+    out: dict[str, str] = {}
+    for cid, key in SERVER_SERIES.items():
+        if cid not in check_config:
+            continue
+        params = resolve_params(cid, check_config.get(cid), overrides.get(cid))
+        if params.get("enabled", True):
+            out[cid] = str(params["series"]) if key is None else key
+    return out
 
 
 def _params(p: Mapping[str, Any]) -> TrendParams:
@@ -72,8 +101,8 @@ def _trend_check(
     server = result.get("server")
     if not server:
         return r.skipped(
-            f"no server-side samples (no pid to watch): {what} cannot be judged — attach "
-            "with --sut-pid or let the harness start the server"
+            f"no server-side samples (no pid was watched): {what} cannot be judged — attach "
+            "with --sut-pid or let the harness start the server (and do not pass --no-sample)"
         )
     series = server.get("series") or {}
     t, y = series.get("t") or [], series.get(series_key) or []
@@ -119,11 +148,24 @@ def _trend_verdict(
     if res.verdict == "INCONCLUSIVE":
         msg = (
             f"{what} grows {over} > {fmt(S)} {unit}/min but not conclusively "
-            f"({'; '.join(res.reasons)}) — rerun with a longer soak (--duration 2h) to confirm"
+            f"({'; '.join(res.reasons)})"
         )
-        if r.params["inconclusive_fails"]:
-            return r.judged(round(b, 6), False, msg, n=res.n)
-        return r.skipped(msg, value=round(b, 6), n=res.n)
+        full = result.get("mode") == "full"
+        if r.params["inconclusive_fails"] or (full and r.params["inconclusive_fails_full"]):
+            why = "inconclusive_fails" if r.params["inconclusive_fails"] else "a full run"
+            return r.judged(
+                round(b, 6),
+                False,
+                f"{msg} — counted as a failure ({why}): rerun with a longer soak "
+                "(--duration 2h) to tell a leak from a plateau",
+                n=res.n,
+            )
+        return r.skipped(
+            f"{msg} — rerun with a longer soak (--duration 2h) to confirm (a full run "
+            "fails on this)",
+            value=round(b, 6),
+            n=res.n,
+        )
     return r.judged(
         round(b, 6),
         True,
@@ -193,9 +235,20 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
     t = series.get("t") or []
     params = _params(r.params)
     other = [float(a) - float(b) for a, b in zip(fds, sockets, strict=True)]
+    # The server's socket count includes one socket per connection the harness holds
+    # (its keep-alive pool keeps as many as the peak concurrency, which rises with
+    # latency): judge what is left once those are taken out, so the harness's own
+    # connections are never read as the server's leak.
+    conns = series.get("client_conns") or []
+    net = len(conns) == len(sockets) and all(c is not None for c in conns)
+    socket_series = (
+        np.asarray(sockets, dtype=float) - np.asarray(conns, dtype=float)
+        if net
+        else np.asarray(sockets, dtype=float)
+    )
     results = {
         "non-socket fd": leak_test(t, np.asarray(other), params, variant="count"),
-        "socket fd": leak_test(t, np.asarray(sockets, dtype=float), params, variant="count"),
+        "socket fd": leak_test(t, socket_series, params, variant="count"),
     }
     # The worse verdict; on a tie the quiet series, whose slope is the defect's own (the
     # socket count also follows the clients' concurrency, which rises with latency).
@@ -207,6 +260,15 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
         for name, x in results.items()
         if name != what and x.slope_per_min is not None
     )
+    if net:
+        gross = leak_test(t, np.asarray(sockets, dtype=float), params, variant="count")
+        note = (
+            f"sockets net of the harness's own connections to the server (median "
+            f"{fmt(float(np.median(np.asarray(conns, dtype=float))))}"
+        )
+        if gross.slope_per_min is not None:
+            note += f"; all sockets {gross.slope_per_min:+.3g}/min"
+        rest = f"{rest}; {note})" if rest else f"{note})"
     return dataclasses.replace(check, detail=f"{check.detail} [{rest}]") if rest else check
 
 

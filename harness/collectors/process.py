@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -43,6 +43,7 @@ PROCESS_COLUMNS = [
     "cswch_s",
     "nvcswch_s",
     "socket_fds",
+    "client_conns",
 ]
 THREAD_COLUMNS = [
     "t",
@@ -127,6 +128,9 @@ class ProcessTick:
     cswch_s: float
     nvcswch_s: float
     socket_fds: int = 0  # of ``fds``
+    # of ``socket_fds``: connections whose other end is a ``peer_pids`` process (the
+    # harness's own); None when no peers were given
+    client_conns: int | None = None
 
     def as_row(self) -> tuple:
         return (
@@ -145,6 +149,7 @@ class ProcessTick:
             self.cswch_s,
             self.nvcswch_s,
             self.socket_fds,
+            self.client_conns,
         )
 
 
@@ -172,8 +177,13 @@ class ProcessSampler:
         children_every_s: float = 5.0,
         recent: int = 600,
         boottime_ticks: Callable[[], float] = _boottime_ticks,
+        peer_pids: Callable[[], Iterable[int]] | None = None,
     ) -> None:
         self.pid = pid
+        # The processes whose connections to the server are the harness's own (the load
+        # generator and the sampler): counted every tick so the server's socket count can
+        # be judged net of them.
+        self.peer_pids = peer_pids
         self.include_children = include_children
         self.uss_every_s = uss_every_s
         # Finding descendants scans every process on the host (~5 ms): do it every few
@@ -241,7 +251,8 @@ class ProcessSampler:
         rows: list[ThreadRow] = []
         proc_ticks = [0, 0, 0]  # Δ(utime−guest), Δstime, Δ(utime+stime)
         cs = [0, 0]
-        rss = n_threads = n_fds = n_sockets = 0
+        rss = n_threads = n_fds = 0
+        sockets: list[int] = []
         take_uss = emit and t >= self._uss_next
         uss = pss = 0 if take_uss else None
         live = 0
@@ -259,10 +270,10 @@ class ProcessSampler:
                 proc_ticks[1] += pst.stime - prev_p[1]
                 proc_ticks[2] += (pst.utime + pst.stime) - (prev_p[0] + prev_p[1])
             rss += procfs.read_rss_bytes(pid) or 0
-            fds = procfs.count_fds_split(pid)
+            fds = procfs.scan_fds(pid)
             if fds is not None:
                 n_fds += fds[0]
-                n_sockets += fds[1]
+                sockets += fds[1]
             if take_uss:
                 up = procfs.read_uss_pss_bytes(pid)
                 if up is not None:
@@ -282,6 +293,10 @@ class ProcessSampler:
         if take_uss:
             self._uss_next = t + self.uss_every_s
         scale = 100.0 / (HZ * dt)
+        conns = None
+        if self.peer_pids is not None:
+            peer_sockets = [i for p in self.peer_pids() for i in (procfs.scan_fds(p) or (0, []))[1]]
+            conns = procfs.connections_between(self.pid, sockets, peer_sockets)
         tick = ProcessTick(
             t=round(t, 4),
             ts=ts,
@@ -297,7 +312,8 @@ class ProcessSampler:
             sys_pct=round(proc_ticks[1] * scale, 2),
             cswch_s=round(cs[0] / dt, 2),
             nvcswch_s=round(cs[1] / dt, 2),
-            socket_fds=n_sockets,
+            socket_fds=len(sockets),
+            client_conns=conns,
         )
         self.recent.append(tick)
         self.last_threads = rows

@@ -9,6 +9,7 @@ need not read ``comm`` separately (pidstat does the same).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import NamedTuple
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -110,19 +111,68 @@ def read_uss_pss_bytes(pid: int) -> tuple[int, int] | None:
 def count_fds_split(pid: int) -> tuple[int, int] | None:
     """(open fds, of which sockets). Sockets come and go with client connections; files,
     pipes and eventfds do not, so a leak of those shows in a quiet series of its own."""
-    total = sockets = 0
+    scan = scan_fds(pid)
+    return None if scan is None else (scan[0], len(scan[1]))
+
+
+def scan_fds(pid: int) -> tuple[int, list[int]] | None:
+    """(open fds, the inode of each socket among them)."""
+    total = 0
+    sockets: list[int] = []
     try:
         with os.scandir(f"/proc/{pid}/fd") as it:
             for entry in it:
                 total += 1
                 try:
-                    if os.readlink(entry.path).startswith("socket:"):
-                        sockets += 1
+                    link = os.readlink(entry.path)
                 except OSError:
-                    pass  # closed between the listing and the readlink
+                    continue  # closed between the listing and the readlink
+                if link.startswith("socket:["):
+                    sockets.append(int(link[8:-1]))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     return total, sockets
+
+
+def _read_all(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+TCP_LISTEN = "0A"
+
+
+def tcp_sockets(pid: int) -> dict[int, tuple[str, str]]:
+    """inode → (local endpoint, remote endpoint) of the TCP sockets (v4 and v6) in the
+    network namespace of ``pid``, listening ones left out. Endpoints are the kernel's hex
+    ``ADDR:PORT`` text, compared as is. Orphaned sockets (inode 0) are left out too."""
+    out: dict[int, tuple[str, str]] = {}
+    for name in ("tcp", "tcp6"):
+        data = _read_all(f"/proc/{pid}/net/{name}")
+        if not data:
+            continue
+        for line in data.split(b"\n")[1:]:
+            f = line.split()
+            if len(f) < 10 or f[3].decode() == TCP_LISTEN:
+                continue
+            inode = int(f[9])
+            if inode:
+                out[inode] = (f[1].decode(), f[2].decode())
+    return out
+
+
+def connections_between(
+    server_pid: int, server_sockets: Iterable[int], peer_sockets: Iterable[int]
+) -> int:
+    """How many of the server's connected sockets have a peer socket among
+    ``peer_sockets`` (socket inodes of other processes on this host): the connections
+    those processes hold to the server, as the server sees them."""
+    table = tcp_sockets(server_pid)
+    peer_ends = {table[i][0] for i in peer_sockets if i in table}
+    return sum(1 for i in server_sockets if i in table and table[i][1] in peer_ends)
 
 
 def list_tids(pid: int) -> list[int]:

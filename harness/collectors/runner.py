@@ -98,6 +98,9 @@ class SamplingSession:
             self.out,
             include_children=config.include_children,
             uss_every_s=config.uss_every_s,
+            # the harness's own connections to the server: the load generator's and this
+            # sampler's (its metrics scrapes)
+            peer_pids=lambda: [*self.system.loadgen_now(), os.getpid()],
         )
         lg = loadgen_pids(config.loadgen_pids, exclude=lambda: [self.process.pid])
         self.system = SystemSampler(self.out, loadgen_pids=lg)

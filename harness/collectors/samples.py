@@ -20,6 +20,7 @@ SERVER_SERIES = (
     "threads",
     "fds",
     "socket_fds",  # absent (None) in samples written before it was recorded
+    "client_conns",  # of socket_fds: the harness's own connections (None: not recorded)
     "cpu_pct",
     "late_s",
 )
@@ -49,19 +50,39 @@ def _meta(d: Path) -> dict:
         raise ResultFormatError(f"{p}: not valid JSON ({e}); rerun the sampler") from None
 
 
-def _server(d: Path, meta: dict, top: int) -> dict | None:
-    path = d / "process.csv"
-    if not path.exists():
+def _log_tail(d: Path, lines: int = 5) -> str | None:
+    p = d / "sampler.log"
+    if not p.exists():
         return None
+    text = p.read_text(errors="replace").strip()
+    return "\n".join(text.splitlines()[-lines:]) or None
+
+
+def _server(d: Path, meta: dict, top: int) -> dict | None:
+    """The server section. A directory a sampler was started in (it leaves sampler.log or
+    sampler.json) always gives one, with empty series when the sampler wrote none — so a
+    sampler that died is seen as a run without samples, not as a run nobody sampled."""
+    path = d / "process.csv"
     series: dict[str, list] = {k: [] for k in SERVER_SERIES}
-    for row in _rows(path):
-        for k in SERVER_SERIES:
-            series[k].append(_num(row.get(k) or ""))
+    if path.exists():
+        for row in _rows(path):
+            for k in SERVER_SERIES:
+                series[k].append(_num(row.get(k) or ""))
+    elif not meta and not (d / "sampler.log").exists():
+        return None
+    finished = meta.get("running") is False
     return {
         "pid": meta.get("pid"),
         "interval_s": meta.get("interval_s"),
         "ticks": meta.get("ticks", len(series["t"])),
         "missed_ticks": meta.get("missed_ticks", 0),
+        # unix time of the sampler's t = 0 (scenario time = t + started_unix − the
+        # scenario's started_unix); None when the sampler never started its loop
+        "started_unix": meta.get("started_unix"),
+        "stopped_unix": meta.get("stopped_unix"),
+        # false when the sampler never wrote its final sampler.json (killed or crashed)
+        "finished": finished,
+        "log_tail": None if finished and series["t"] else _log_tail(d),
         "series": series,
         "threads_top": _threads_top(d / "threads.csv", top),
     }
@@ -117,7 +138,26 @@ def _threads_top(path: Path, top: int) -> list[dict]:
     return out
 
 
-def _system(d: Path) -> dict | None:
+def _loadgen_processes(path: Path, t: list) -> list[dict]:
+    """Per generator process: ``pid``, ``name`` and ``cpu_pct`` aligned with the system
+    series' ``t`` (None where the process was not measured)."""
+    if not path.exists():
+        return []
+    index = {v: i for i, v in enumerate(t)}
+    procs: dict[int, dict] = {}
+    for row in _rows(path):
+        i = index.get(_num(row["t"]))
+        if i is None:
+            continue
+        pid = int(row["pid"])
+        p = procs.get(pid)
+        if p is None:
+            p = procs[pid] = {"pid": pid, "name": row["name"], "cpu_pct": [None] * len(t)}
+        p["cpu_pct"][i] = _num(row["cpu_pct"])
+    return [procs[k] for k in sorted(procs)]
+
+
+def _system(d: Path, meta: dict) -> dict | None:
     path = d / "system.csv"
     if not path.exists():
         return None
@@ -134,7 +174,11 @@ def _system(d: Path) -> dict | None:
         for i, c in enumerate(cores):
             per_core[i].append(_num(row[c]))
     series["per_core"] = per_core
-    return {"series": series}
+    return {
+        "started_unix": meta.get("started_unix"),
+        "series": series,
+        "loadgen_processes": _loadgen_processes(d / "loadgen.csv", series["t"]),
+    }
 
 
 def _metrics(d: Path) -> dict | None:
@@ -159,6 +203,6 @@ def read_samples(directory: str | Path, top_threads: int = 8) -> dict:
     meta = _meta(d)
     return {
         "server": _server(d, meta, top_threads),
-        "system": _system(d),
+        "system": _system(d, meta),
         "metrics": _metrics(d),
     }

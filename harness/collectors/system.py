@@ -1,5 +1,8 @@
 """System-wide CPU per core, and the load generator's own CPU (to flag a saturated generator).
 
+The generator's CPU is recorded summed (``system.csv``, for the report) and per process
+(``loadgen.csv``): each Locust process runs one gevent loop on one core, so one worker
+at 100 % beside an idle one is saturated although the sum is only half of two cores.
 Records only: whether the generator was saturated is decided by the checks.
 """
 
@@ -27,6 +30,11 @@ class SystemTick:
     cpu_pct: float
     per_core: tuple[float | None, ...]
     loadgen_cpu_pct: float | None
+    # (pid, name, %CPU) of each generator process measured over this interval
+    loadgen_procs: tuple[tuple[int, str, float], ...] = ()
+
+
+LOADGEN_COLUMNS = ["t", "pid", "name", "cpu_pct"]
 
 
 def system_columns(cores: Iterable[int]) -> list[str]:
@@ -94,15 +102,24 @@ class SystemSampler:
         self._cpu_prev = first
         self._lg_prev: dict[tuple[int, int], int] = {}
         self._t_prev: float | None = None
-        self._csv = None
+        self._csv = self._lg_csv = None
         if out_dir is not None:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             self._csv = CsvStream(out / "system.csv", system_columns(self.cores))
+            self._lg_csv = CsvStream(out / "loadgen.csv", LOADGEN_COLUMNS)
 
-    def _loadgen_ticks(self, t: float) -> tuple[int, dict[tuple[int, int], int]]:
+    def loadgen_now(self) -> list[int]:
+        """The generator's processes as of the last rescan."""
+        return list(self._lg_pids)
+
+    def _loadgen_ticks(
+        self, t: float
+    ) -> tuple[int, dict[tuple[int, int], int], list[tuple[int, str, int]]]:
+        """(summed Δticks, counters by (pid, start), per-process (pid, name, Δticks))."""
         now: dict[tuple[int, int], int] = {}
         delta = 0
+        per: list[tuple[int, str, int]] = []
         if self.loadgen_pids is not None and t >= self._lg_next:
             self._lg_pids = self.loadgen_pids()
             self._lg_next = t + self.loadgen_every_s
@@ -113,17 +130,19 @@ class SystemSampler:
             key = (pid, st.starttime)
             now[key] = st.utime + st.stime
             if key in self._lg_prev:
-                delta += now[key] - self._lg_prev[key]
-        return delta, now
+                d = now[key] - self._lg_prev[key]
+                delta += d
+                per.append((pid, st.name, d))
+        return delta, now, per
 
     def baseline(self, t: float) -> None:
         self._cpu_prev = procfs.read_cpu_times()
-        _, self._lg_prev = self._loadgen_ticks(t)
+        _, self._lg_prev, _ = self._loadgen_ticks(t)
         self._t_prev = t
 
     def sample(self, t: float, ts: float, late_s: float = 0.0) -> SystemTick | None:
         cpu_now = procfs.read_cpu_times()
-        lg_delta, lg_now = self._loadgen_ticks(t)
+        lg_delta, lg_now, lg_per = self._loadgen_ticks(t)
         dt = t - self._t_prev if self._t_prev is not None else None
         prev = self._cpu_prev
         self._cpu_prev, self._lg_prev, self._t_prev = cpu_now, lg_now, t
@@ -145,12 +164,18 @@ class SystemSampler:
             cpu_pct=pct(-1) or 0.0,
             per_core=tuple(pct(c) for c in self.cores),
             loadgen_cpu_pct=lg,
+            loadgen_procs=tuple(
+                (pid, name, round(d * 100.0 / (HZ * dt), 2)) for pid, name, d in lg_per
+            ),
         )
         self.recent.append(tick)
         if self._csv is not None:
             self._csv.write([(tick.t, tick.ts, tick.late_s, tick.cpu_pct, *tick.per_core, lg)])
+        if self._lg_csv is not None:
+            self._lg_csv.write([(tick.t, *p) for p in tick.loadgen_procs])
         return tick
 
     def close(self) -> None:
-        if self._csv is not None:
-            self._csv.close()
+        for f in (self._csv, self._lg_csv):
+            if f is not None:
+                f.close()
