@@ -259,6 +259,8 @@ def test_pause_shows_as_a_gap_in_the_sut_cpu():
 
         loop.run(on_tick, 3.2)
         assert psutil.Process(sut.pid).status() != psutil.STATUS_STOPPED
+        # the kernel's own word that the pause held, start to end
+        assert pause.detail["stopped"] == [sut.pid] == pause.detail["still_stopped"]
     finally:
         pause.revert()
         sut.kill()
@@ -352,6 +354,10 @@ def test_kill_and_restart_records_recovery(tmp_path):
         rec = records[0]
         assert rec["ok"], rec
         assert rec["detail"]["old_pid"] == old and rec["detail"]["new_pid"] == sut.pid != old
+        assert rec["detail"]["found"] is True and rec["detail"]["gone"] is True
+        from harness.analysis.chaos_evidence import chaos_not_applied
+
+        assert chaos_not_applied({"chaos": records}) == []  # the evidence a real kill leaves
         assert restarted == [sut.pid]
         assert rec["detail"]["recovery_s"] >= rec["detail"]["time_to_ready_s"]
         assert rec["end_s"] - rec["start_s"] >= 0.3

@@ -241,11 +241,12 @@ def _fail_fast(
     share_ok = r.compare(share)
     limit = float(p["max_reject_p50_ms"])
     lat_ok = bounds.at_most(limit) if bounds is not None else None
-    shown = (
-        "no failure-time histogram holds them"
-        if bounds is None
-        else f"{fmt(bounds.low_ms)}–{fmt(bounds.high_ms)} ms"
-    )
+    if bounds is None:
+        shown = "unknown: no failure-time histogram holds them"
+    elif fmt(bounds.low_ms) == fmt(bounds.high_ms):
+        shown = f"{fmt(bounds.high_ms)} ms"
+    else:
+        shown = f"between {fmt(bounds.low_ms)} and {fmt(bounds.high_ms)} ms"
     op = {True: "<=", False: ">", None: "?"}[lat_ok]
     detail = (
         f"{ff.quick} quick 503/429 vs {ff.slow} timeouts/resets/drops {where}: "
