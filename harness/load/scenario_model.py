@@ -89,7 +89,7 @@ class LoadConfig:
     seed: int = 1
     max_in_flight: int = 256  # bounded pool, total over all workers; full pool → dropped
     window_s: float = 1.0
-    first_requests: int = 100  # the first N ok responses recorded apart (cold start)
+    first_requests: int = 100  # the first N requests sent, recorded apart (cold start)
     verify: bool = True  # integrity-check every response against golden outputs
     pool_size: int | None = None  # distinct inputs; None = plugin picks (≥ 4 × max batch)
     fresh_sut: bool = False  # needs a SUT started by the harness just before the load
