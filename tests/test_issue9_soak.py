@@ -276,6 +276,16 @@ def test_issue9_sampler_counts_the_connections_the_harness_holds() -> None:
                 p.wait()
 
 
+def test_issue9_a_dual_stack_servers_view_of_a_v4_client_matches_the_client() -> None:
+    from harness.collectors.procfs import _endpoint
+
+    # ::ffff:127.0.0.1 port 0x1F90 as a dual-stack server's tcp6 line shows its peer
+    assert _endpoint("0000000000000000FFFF00000100007F:1F90") == "0100007F:1F90"
+    assert _endpoint("0100007F:1F90") == "0100007F:1F90"
+    v6 = "00000000000000000000000001000000:1F90"  # ::1 stays as it is
+    assert _endpoint(v6) == v6
+
+
 def test_issue9_client_conns_reach_the_results(tmp_path: Path) -> None:
     from harness.collectors import read_samples
     from harness.collectors.process import PROCESS_COLUMNS

@@ -160,8 +160,19 @@ def tcp_sockets(pid: int) -> dict[int, tuple[str, str]]:
                 continue
             inode = int(f[9])
             if inode:
-                out[inode] = (f[1].decode(), f[2].decode())
+                out[inode] = (_endpoint(f[1].decode()), _endpoint(f[2].decode()))
     return out
+
+
+V4_MAPPED = "0000000000000000FFFF0000"  # ::ffff:a.b.c.d in /proc/net/tcp6's hex
+
+
+def _endpoint(text: str) -> str:
+    """A v4-mapped v6 endpoint (a dual-stack server's view of a v4 client) as the v4 one."""
+    addr, _, port = text.partition(":")
+    if len(addr) == 32 and addr.startswith(V4_MAPPED):
+        return f"{addr[24:]}:{port}"
+    return text
 
 
 def connections_between(
