@@ -17,6 +17,7 @@ from harness.acceptance import CHECKLIST
 
 REPO = Path(__file__).resolve().parent.parent
 
+
 def _server_cores() -> int:
     from harness.sut import choose_cores
 

@@ -286,8 +286,7 @@ def test_merge_combines_scenarios_and_takes_the_worst_verdict():
     assert merged["partial"] is True
     # a real failure is never hidden behind another scenario's invalid measurement
     assert (
-        merge_documents([_doc("a"), _doc("b", "invalid"), _doc("c", "fail")])["verdict"]
-        == "fail"
+        merge_documents([_doc("a"), _doc("b", "invalid"), _doc("c", "fail")])["verdict"] == "fail"
     )
     assert merge_documents([_doc("a"), _doc("b", None)])["verdict"] is None
 
