@@ -155,11 +155,15 @@ class HarnessState:
 
     def _preflight(self) -> None:
         """Refuse (exit 2) a scenario this target cannot support, before starting anything."""
-        from harness.checks import load_checklist
-        from harness.load.preflight import TargetFacts, linearity_max_n, unsupported_reason
+        from harness.load.preflight import (
+            TargetFacts,
+            checklist_max_n,
+            linearity_max_n,
+            unsupported_reason,
+        )
 
         o = self.opts
-        checklist = load_checklist(o.checklist) if o.checklist else None
+        checklist = checklist_max_n(o.checklist)
         facts = TargetFacts(
             sut_cmd=o.sut_cmd,
             attached=not o.sut_cmd,

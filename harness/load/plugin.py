@@ -22,7 +22,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
 from harness.errors import ConfigError, HarnessError
-from harness.finish import finish
+from harness.finish import finish, verdict_line
 from harness.load.controller import HarnessState
 from harness.load.options import add_options, options_from
 from harness.load.shape import ScenarioShape
@@ -139,11 +139,9 @@ def _on_quitting(environment: Any, **_: Any) -> None:
                 log.warning("harness: FAIL %s: %s", c["id"], c.get("detail"))
         if sc.get("validity"):
             log.warning("harness: INVALID run: %s", "; ".join(sc["validity"]))
-    from harness.report.common import verdict_sentence
-
     log.warning(
         "harness: %s (exit %d) — %s",
-        verdict_sentence(doc),
+        verdict_line(doc),
         code,
         state.out_dir / "report.html",
     )

@@ -11,6 +11,7 @@ reason in the verdict line, and runs the rest.
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -92,6 +93,22 @@ def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
                 "max_n for linearity.efficiency in a checklist)"
             )
     return None
+
+
+def checklist_max_n(path: str | None) -> Mapping[str, Any] | None:
+    """The checklist's ``linearity.efficiency`` table, read raw (the load side does not
+    import the checks; the checklist is validated where it is judged, and by the CLI before
+    any load). Either top-level tables by check id or the same under ``[checks]``."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None  # the judging side reports it with the fix
+    table = doc.get("checks") if isinstance(doc.get("checks"), Mapping) else doc
+    entry = table.get("linearity.efficiency")
+    return {"linearity.efficiency": entry} if isinstance(entry, Mapping) else None
 
 
 def linearity_max_n(scenario: Scenario, checklist: Mapping[str, Any] | None) -> int:

@@ -1,0 +1,132 @@
+"""The import contract of docs/architecture.md, enforced: no lower layer imports a higher one.
+
+Measure ≠ judge: the server, the sampler, the chaos runner and the load side never import
+the analysis, the checks or the reports (the Locust plugin reaches the judging side only
+through ``harness.finish``); the analysis is pure statistics; the reference server knows
+nothing of the harness. An AST scan of every module, imports inside functions included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# module prefix → harness/reference_server packages it may import (besides itself).
+# The first matching prefix wins, so exceptions come before their package.
+ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
+    ("reference_server", frozenset()),
+    ("harness.errors", frozenset()),
+    ("harness.results", frozenset({"harness", "harness.errors"})),
+    ("harness.sut", frozenset({"harness.errors"})),
+    ("harness.collectors", frozenset({"harness.errors"})),
+    ("harness.chaos", frozenset({"harness.errors", "harness.sut", "harness.collectors"})),
+    (
+        "harness.load.plugin",
+        frozenset(
+            {"harness", "harness.errors", "harness.sut", "harness.collectors"}
+            | {"harness.chaos", "harness.results", "harness.finish"}
+        ),
+    ),
+    (
+        "harness.load",
+        frozenset(
+            {"harness", "harness.errors", "harness.sut", "harness.collectors"}
+            | {"harness.chaos", "harness.results"}
+        ),
+    ),
+    ("harness.analysis", frozenset()),
+    ("harness.checks", frozenset({"harness.analysis", "harness.results", "harness.errors"})),
+    ("harness.report", frozenset({"harness.analysis", "harness.results", "harness.errors"})),
+    (
+        "harness.finish",
+        frozenset({"harness.checks", "harness.report", "harness.results", "harness.errors"}),
+    ),
+    (
+        "harness.acceptance",
+        frozenset(
+            {"harness.finish", "harness.results", "harness.load", "harness.checks"}
+            | {"harness.errors", "harness.sut"}
+        ),
+    ),
+    ("harness.cli", None),  # type: ignore[arg-type]  # the top: everything
+    ("harness.__main__", frozenset({"harness.cli"})),
+    ("harness", frozenset()),  # harness/__init__.py: the version only
+    ("locustfiles", frozenset({"harness.load"})),
+)
+
+# What "the package" of an imported name is, for the contract (the first two parts,
+# except the top-level modules of harness, which are their own layer).
+_TOP_MODULES = {"errors", "results", "sut", "finish", "acceptance", "cli", "__main__"}
+
+
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    if parts[0] == "reference_server":
+        return "reference_server"
+    if len(parts) == 1:
+        return "harness"
+    if parts[1] == "__version__":
+        return "harness"
+    return ".".join(parts[:2])
+
+
+def _module_name(path: Path) -> str:
+    mod = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return mod.removesuffix(".__init__")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "harness":  # from harness import sut → harness.sut
+                out |= {f"harness.{a.name}" for a in node.names}
+            else:
+                out.add(node.module)
+    return {n for n in out if n.split(".")[0] in ("harness", "reference_server")}
+
+
+def _rule(module: str) -> frozenset[str] | None:
+    for prefix, allowed in ALLOWED:
+        if module == prefix or module.startswith(prefix + "."):
+            return allowed
+    raise AssertionError(f"{module}: no layer in the import contract; add it to ALLOWED")
+
+
+MODULES = sorted(
+    p for pkg in ("harness", "reference_server", "locustfiles") for p in (ROOT / pkg).rglob("*.py")
+)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: _module_name(p))
+def test_no_module_imports_a_higher_layer(path: Path) -> None:
+    module = _module_name(path)
+    allowed = _rule(module)
+    if allowed is None:
+        return
+    own = _layer(module)
+    bad = sorted(
+        name for name in _imports(path) if _layer(name) != own and _layer(name) not in allowed
+    )
+    assert not bad, (
+        f"{module} imports {bad}; its layer may import only {sorted(allowed)} "
+        "(docs/architecture.md, 'Packages and who owns what')"
+    )
+
+
+def test_the_contract_catches_a_violation(tmp_path: Path) -> None:
+    """The scan is not vacuous: a load module importing the checks is reported."""
+    fake = ROOT / "harness" / "load" / "_layer_probe_tmp.py"
+    try:
+        fake.write_text("def f():\n    from harness.checks import evaluate\n")
+        with pytest.raises(AssertionError, match=r"imports \['harness.checks'\]"):
+            test_no_module_imports_a_higher_layer(fake)
+    finally:
+        fake.unlink()
