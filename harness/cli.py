@@ -403,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="harness",
         description="Load-testing and chaos harness for ML inference servers.",
     )
+    from harness import __version__
+
+    parser.add_argument("--version", action="version", version=f"harness {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for add in SUBCOMMANDS:
@@ -417,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except HarnessError as e:
         print(f"harness: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return int(e.exit_code)
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)
         return 130

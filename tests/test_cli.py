@@ -201,3 +201,16 @@ def test_acceptance_pins_the_first_calibrated_capacity():
     assert calibrated_capacity(pinned) is None  # given, not measured: nothing new to pin
     measured = {"scenarios": [{"capacity_rps": 612.5, "calibration": {"capacity_rps": 612.5}}]}
     assert calibrated_capacity(measured) == 612.5
+
+
+def test_version_prints_the_package_version() -> None:
+    import contextlib
+    import io
+
+    from harness import __version__
+    from harness.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and out.getvalue().strip() == f"harness {__version__}"
