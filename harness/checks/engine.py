@@ -212,8 +212,9 @@ def validity_margins(
     """How close a run came to the validity limits: name → (measured, limit).
 
     ``dispatch_lag_p99_ms``: the open-loop lag p99 and 10 % (``lag_max_fraction``) of
-    the SLO. ``loadgen_cpu_pct``: the highest level the generator's CPU held for
-    ``loadgen_sustain_s`` (``sustained_level``) and its limit.
+    the SLO. ``loadgen_cpu_pct``: the highest level the busiest generator process held
+    for ``loadgen_sustain_s`` (``sustained_level``) and its per-process limit (older
+    results: the summed series and the limit × workers).
     For bench/flakiness.py: a ratio near 1 is a run about to be judged invalid.
     """
     overrides = overrides or {}
