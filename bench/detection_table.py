@@ -231,7 +231,7 @@ def load_runs(base: Path, cases: Sequence[DetectionCase]) -> list[CaseRun]:
 
 
 def _exit_code_of(doc: Mapping) -> int:
-    """The CLI's exit code from a results document (DESIGN §4.1)."""
+    """The CLI's exit code from a results document."""
     verdict = doc.get("verdict")
     return {"pass": 0, "fail": 1, "invalid": 3}.get(str(verdict), 2)
 

@@ -1,7 +1,7 @@
 """Run scenarios the way a user would: one ``locust -f locustfiles/inference.py --headless``
 subprocess per scenario, then merge, judge and report.
 
-The harness has no private load engine (DESIGN §2, "one code path"): everything that
+The harness has no private load engine ("one code path"): everything that
 measures happens inside the Locust run; this module only starts it, watches its progress
 file, stops it cleanly on Ctrl-C and turns the per-scenario documents into one verdict.
 """

@@ -66,7 +66,7 @@ def test_count_above() -> None:
 
 
 def test_quantile_ci_ranks_match_reference_at_n_1000() -> None:
-    # REFERENCE §F: a 95 % CI for p99 spans about p98.3–p99.7 at n = 1,000
+    # order statistics: a 95 % CI for p99 spans about p98.3–p99.7 at n = 1,000
     lo, hi = quantile_rank_ci(1000, 0.99, 0.95)
     assert lo is not None and hi is not None
     assert 982 <= lo <= 985 and 996 <= hi <= 998

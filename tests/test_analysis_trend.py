@@ -1,4 +1,4 @@
-"""The leak detector of REFERENCE §D on synthetic series with known answers."""
+"""The leak detector on synthetic series with known answers."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_noisy_plateau_is_not_a_leak_across_seeds() -> None:
         t = np.arange(0, 120, 1.0)
         y = 100 + ar1(rng, 120, 0.3) + rng.choice([0, 0, 0, 0, 5], 120)  # with GC-like spikes
         false += leak_test(t, y, QUICK).verdict == "LEAK"
-    assert false <= 2  # REFERENCE: ~0.3 % false LEAK on flat series
+    assert false <= 2  # expected: ~0.3 % false LEAK on flat series (docs/checks.md)
 
 
 def test_plateau_with_one_step_up_passes_on_a_real_soak() -> None:

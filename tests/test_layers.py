@@ -130,3 +130,25 @@ def test_the_contract_catches_a_violation(tmp_path: Path) -> None:
             test_no_module_imports_a_higher_layer(fake)
     finally:
         fake.unlink()
+
+
+def test_docs_and_code_stand_on_their_own() -> None:
+    """What the code relies on lives in docs/: nothing points at design notes outside the
+    repository (a clone has none of them)."""
+    import re
+
+    outside = re.compile(r"\.\./shared|\b(?:DESIGN|REFERENCE) §")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for pkg in ("harness", "reference_server", "locustfiles", "scenarios", "docs", "bench")
+        for p in sorted((ROOT / pkg).rglob("*"))
+        if p.suffix in (".py", ".md", ".toml")
+        for i, line in enumerate(p.read_text().splitlines(), start=1)
+        if outside.search(line)
+    ]
+    offenders += [
+        f"README.md:{i}"
+        for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), start=1)
+        if outside.search(line)
+    ]
+    assert not offenders, f"references outside the repository: {offenders}"

@@ -1,4 +1,4 @@
-"""The load client never reads a late answer as the next request's (REFERENCE §E)."""
+"""The load client never reads a late answer as the next request's."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ QUICK_BUDGET_S = {
     "linearity": 95,
     "integrity": 35,
 }
-# The check ids each packaged scenario must evaluate (DESIGN §4.3).
+# The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
     "cold_start": {
         "cold_start.time_to_ready_s",

@@ -1,4 +1,4 @@
-"""Thread-scaling efficiency and the Universal Scalability Law (REFERENCE §G).
+"""Thread-scaling efficiency and the Universal Scalability Law.
 
 X(N) = λN / (1 + σ(N−1) + κN(N−1)); efficiency E(N) = X(N) / (N·X(1)). λ = X(1) is
 measured, not fitted; σ (contention) and κ (coherency) are fitted within [0, 1]. The

@@ -4,7 +4,7 @@ Histograms are ``HdrHistogram(1 µs, 60 s, 3 significant digits)`` holding micro
 stored in results as ``encode()`` strings. Percentiles are nearest-rank over the recorded
 counts, so a p99 always names a latency some request really had (to HDR precision).
 
-Two kinds of confidence (REFERENCE §F):
+Two kinds of confidence:
 
 * ``percentile_ci`` — a distribution-free confidence interval for a quantile from order
   statistics: the number of samples at or below the true quantile is Binomial(n, q), so

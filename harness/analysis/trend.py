@@ -1,4 +1,4 @@
-"""Leak versus plateau (REFERENCE §D).
+"""Leak versus plateau.
 
 Python's allocator returns arenas only when empty and glibc keeps per-thread arenas, so
 one-off step-ups of RSS are normal; a leak is *sustained* growth. The detector:
@@ -258,7 +258,7 @@ def leak_test(
     params: TrendParams,
     variant: Literal["memory", "count"] = "memory",
 ) -> TrendResult:
-    """Run the REFERENCE §D detector on one series (``t_s`` seconds, any origin)."""
+    """Run the leak detector (docs/checks.md, soak.rss_trend) on one series (``t_s`` seconds, any origin)."""
     t = np.asarray(t_s, dtype=float)
     y = np.asarray(values, dtype=float)
     ok = np.isfinite(t) & np.isfinite(y)

@@ -1,4 +1,4 @@
-"""Checks: pure functions from a scenario result to verdicts (DESIGN §4.3).
+"""Checks: pure functions from a scenario result to verdicts.
 
 ``evaluate(result, overrides)`` runs the checks a scenario lists in ``check_config``
 (plus ``accounting.balanced``); ``validity(result)`` lists why a run judges nothing;
@@ -22,7 +22,7 @@ from harness.checks.engine import (
 from harness.checks.model import Check, CheckSpec
 from harness.checks.registry import REGISTRY, load_checklist, resolve_params
 
-# DESIGN §4.3 order: the order reports list them in.
+# The checklist's order (README's table): the order reports list them in.
 _GROUPS = ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
 _GROUPS += ("contention", "accounting")
 CHECK_IDS: tuple[str, ...] = tuple(

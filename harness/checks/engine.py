@@ -89,7 +89,7 @@ def verdict(checks: Sequence[Check], validity: Sequence[str] | None = None) -> V
 class ValidityParams:
     loadgen_max_pct: float = 90.0  # Locust's own warning level
     loadgen_sustain_s: float = 5.0  # a single hot tick is not saturation
-    lag_max_fraction: float = 0.1  # dispatch lag p99 vs the SLO (REFERENCE §E)
+    lag_max_fraction: float = 0.1  # dispatch lag p99 vs the SLO
     default_slo_ms: float = 200.0  # when the scenario judges no p99
     max_missed_frac: float = 0.05
     max_gap_intervals: float = 5.0
@@ -240,7 +240,7 @@ def validity_margins(
 
 def _run_problems(sc: Mapping[str, Any]) -> tuple[Check | None, list[str]]:
     """A failed ``run.completed`` check for a server that died or could not be reached
-    (DESIGN §4.1: a crashed SUT is a failed check, with the cause), and validity reasons
+    (a crashed SUT is a failed check, with the cause: docs/checks.md), and validity reasons
     for a harness that failed itself."""
     sut_exit = sc.get("sut_exit")
     error = sc.get("error") or {}
@@ -271,7 +271,7 @@ def judge_scenario(
     """Fill ``checks``, ``validity`` and ``verdict`` of one scenario result in place.
 
     A server that died during the run adds a failed ``run.completed`` check (not a
-    DESIGN §4.3 id: it reports the run, not a property of the server's answers).
+    checklist id: it reports the run, not a property of the server's answers).
     """
     checks = evaluate(scenario_result, overrides)
     reasons = validity(scenario_result, overrides)
@@ -281,7 +281,7 @@ def judge_scenario(
     reasons += harness_failed
     scenario_result["checks"] = [c.to_dict() for c in checks]
     scenario_result["validity"] = reasons
-    # A server that died is a failure of the server (DESIGN §4.1), whatever else went
+    # A server that died is a failure of the server, whatever else went
     # wrong with the measurement after it was gone.
     scenario_result["verdict"] = "fail" if died is not None else verdict(checks, reasons)
     return scenario_result

@@ -1,4 +1,4 @@
-"""The check object (DESIGN §4.2) and the registry entry that produces it."""
+"""The check object and the registry entry that produces it."""
 
 from __future__ import annotations
 

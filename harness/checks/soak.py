@@ -1,4 +1,4 @@
-"""Soak checks: memory / thread / fd leaks (REFERENCE §D) and latency drift."""
+"""Soak checks: memory / thread / fd leaks and latency drift."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _params(p: Mapping[str, Any]) -> TrendParams:
 
 
 def _per_request(result: Mapping[str, Any], per_min: float, label: str) -> str:
-    """The slope per finished request (REFERENCE §D asks for b per request)."""
+    """The slope per finished request (a leak per request is what a fix is sized against)."""
     c = result.get("counters") or {}
     minutes = float(result.get("duration_s") or 0.0) / 60.0
     done = int(c.get("ok") or 0) + d.failed_total(c) if c else 0

@@ -1,7 +1,7 @@
 """pidstat -t for a process tree: per-thread CPU, wait and context switches; per-tree
 memory, threads and file descriptors. Records only; never judges.
 
-Formulas (REFERENCE §C, sysstat pidstat.c), with dt from a monotonic clock:
+Formulas (sysstat pidstat.c), with dt from a monotonic clock:
 ``%usr = Δ(utime−guest)/(HZ·dt)·100``, ``%system = Δstime/(HZ·dt)·100``,
 ``%guest = Δguest/(HZ·dt)·100``, ``%wait = Δrunq_wait_ns/1e9/dt·100``,
 ``%CPU = Δ(utime+stime)/(HZ·dt)·100``, ``cswch/s = Δvoluntary/dt``,

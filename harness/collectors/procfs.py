@@ -1,6 +1,6 @@
 """Cheap readers of /proc for the samplers (Linux). Each returns None when the task is gone.
 
-Field positions follow proc(5) and sysstat's pidstat.c (see REFERENCE §C): in
+Field positions follow proc(5) and sysstat's pidstat.c: in
 ``/proc/PID/task/TID/stat`` utime is field 14, stime 15, starttime 22, processor 39,
 guest_time 43 — all in clock ticks. The command name is the parenthesised field 2, so we
 need not read ``comm`` separately (pidstat does the same).

@@ -3,7 +3,7 @@
 Pure and deterministic for a seed — no gevent, no clock. A worker's scheduler iterates
 the intended send offsets (seconds after the load started), sleeps until each one and
 measures latency from it, so a stalled server cannot slow the schedule down
-(REFERENCE §E). The rate is piecewise constant over the scenario's stages.
+. The rate is piecewise constant over the scenario's stages.
 
 Splitting across W workers keeps the total exact:
 - constant: the global schedule ``start + i/R`` is dealt out round-robin, worker w taking

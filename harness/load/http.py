@@ -2,7 +2,7 @@
 
 Why not geventhttpclient's ``HTTPClient``: when a read is interrupted (our per-request
 deadline), its response object hands a keep-alive socket *back to the pool*, and the late
-answer is then read as the next request's — a false cross-wire (REFERENCE §E). Here any
+answer is then read as the next request's — a false cross-wire. Here any
 exception or deadline closes the connection. Requests are pre-built bytes, so the hot
 path is one ``sendall`` and a few ``recv`` calls through geventhttpclient's C parser.
 """

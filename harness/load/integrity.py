@@ -1,4 +1,4 @@
-"""Does each answer belong to its own request? (REFERENCE §I)
+"""Does each answer belong to its own request?
 
 Before load, every input of the payload pool is sent once, sequentially (batch size 1),
 and its output kept as the *golden* output. Under load each answer is compared with the

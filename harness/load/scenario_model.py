@@ -16,7 +16,7 @@ from typing import Any, Literal
 from harness.errors import ConfigError
 from harness.load.arrivals import Segment
 
-# DESIGN §4.3. Stable: results, checklists and scenario files refer to these ids.
+# The check ids (docs/checks.md). Stable: results, checklists and scenario files refer to these ids.
 CHECK_IDS: tuple[str, ...] = (
     "cold_start.time_to_ready_s",
     "cold_start.first_p99_ratio",

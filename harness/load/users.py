@@ -1,6 +1,6 @@
 """Open-loop and closed-loop Locust users, and the per-process engine they share.
 
-Open loop (REFERENCE §E): one scheduler per process walks this worker's share of the
+Open loop: one scheduler per process walks this worker's share of the
 arrival schedule, sleeps until each intended send time t_i, and spawns the send into a
 bounded gevent pool; a full pool means the request is counted ``dropped`` (never
 silently skipped). Latency is measured from t_i, so a stalled server shows up as the

@@ -1,6 +1,6 @@
 """Helpers shared by the report renderers: check states, verdict counts, number formatting.
 
-Everything here reads the results document only (DESIGN §2: a report can be rendered on a
+Everything here reads the results document only (a report can be rendered on a
 machine that never ran the test).
 """
 

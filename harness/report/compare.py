@@ -9,8 +9,8 @@ value. A metric *regressed* when it moved the wrong way by more than its noise m
 
 (relative margin with an absolute floor, so tiny bases such as a 0.3 ms p50 or a 0 error
 rate do not turn jitter into regressions). A check whose verdict went pass → fail regressed
-whatever its margin. p99 is compared only when both runs have ≥ 1,000 samples (REFERENCE
-§F): below that the row says "insufficient samples", never "unchanged".
+whatever its margin. p99 is compared only when both runs have ≥ 1,000 samples (a p99
+from fewer has a confidence interval too wide to compare: docs/checks.md): below that the row says "insufficient samples", never "unchanged".
 
 Numbers from different machines are not comparable: runs whose ``machine`` metadata differ
 in cpu_count, affinity, python or host are refused (ResultFormatError naming the field)

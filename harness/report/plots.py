@@ -240,7 +240,7 @@ def usl(n: np.ndarray, x1: float, sigma: float, kappa: float) -> np.ndarray:
 
 
 def fit_usl(ns: np.ndarray, xs: np.ndarray, x1: float) -> tuple[float, float] | None:
-    """(σ, κ) with X(1) measured, not fitted (REFERENCE §G); None if it cannot be fitted."""
+    """(σ, κ) with X(1) measured, not fitted; None if it cannot be fitted."""
     from scipy.optimize import curve_fit
 
     if len(set(ns.tolist())) < 3:
