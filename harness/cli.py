@@ -186,7 +186,7 @@ def _add_acceptance(sub: argparse._SubParsersAction) -> None:
         "acceptance",
         help="run the whole delivery checklist (CI gate: exit code, junit.xml, summary.md)",
         description="Run every checklist scenario as a headless Locust run against the target, "
-        "then judge and report. Exit 0 pass, 1 a check failed, 2 usage error, 3 invalid run.",
+        "then judge and report. Exit 0 pass, 1 a check failed, 2 usage error, 3 invalid run, 4 nothing judged.",
     )
     _add_target_options(p)
     p.add_argument(

@@ -146,11 +146,7 @@ def verdict_sentence(doc: Mapping[str, Any]) -> str:
             line += f"; {VERDICT_WORDS[word].lower()}: {', '.join(names)}"
     skipped = skipped_checks(doc)
     if skipped:
-        ids = []
-        for _, cid, _ in skipped:
-            if cid not in ids:
-                ids.append(cid)
-        line += f"; skipped: {', '.join(ids)}"
+        line += f"; skipped: {', '.join(dict.fromkeys(cid for _, cid, _ in skipped))}"
     excluded = excluded_scenarios(doc)
     if excluded:
         line += "; not run: " + "; ".join(f"{n} ({why})" for n, why in excluded)
