@@ -7,7 +7,7 @@ cross-wire in a few % of batches).
 
 | fault | param (default) | effect |
 |---|---|---|
-| leak-memory | bytes retained per request (4096) | RSS grows with traffic |
+| leak-memory | BYTES[,EVERY] (4096,1) | BYTES retained every EVERYth request: RSS grows with traffic |
 | leak-threads | one parked thread every N requests (100) | thread count grows |
 | leak-fds | one open fd every N requests (100) | fd count grows |
 | no-batching | — | every batch holds one request |
@@ -123,6 +123,7 @@ FAULT_HELP = (
 @dataclasses.dataclass(frozen=True)
 class FaultSet:
     leak_memory_bytes: int | None = None
+    leak_memory_every: int = 1  # retain once every N requests (a slow, realistic leak)
     leak_threads_every: int | None = None
     leak_fds_every: int | None = None
     no_batching: bool = False
@@ -144,7 +145,8 @@ class FaultSet:
         """Canonical ``NAME[:PARAM]`` strings of the active faults."""
         out = []
         if self.leak_memory_bytes is not None:
-            out.append(f"leak-memory:{self.leak_memory_bytes}")
+            every = "" if self.leak_memory_every == 1 else f",{self.leak_memory_every}"
+            out.append(f"leak-memory:{self.leak_memory_bytes}{every}")
         if self.leak_threads_every is not None:
             out.append(f"leak-threads:{self.leak_threads_every}")
         if self.leak_fds_every is not None:
@@ -206,10 +208,15 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
         if name not in FAULT_NAMES:
             raise _bad(spec, f"NAME[:PARAM] with NAME one of {', '.join(FAULT_NAMES)}")
         if name == "leak-memory":
+            parts = param.split(",") if param else []
+            what = "leak-memory:BYTES_PER_REQUEST[,EVERY_N_REQUESTS] with BYTES >= 1, N >= 1"
+            if len(parts) > 2:
+                raise _bad(spec, what)
             kw["leak_memory_bytes"] = int(
-                _num(
-                    spec, param or "4096", int, 1, None, "leak-memory:BYTES_PER_REQUEST, BYTES >= 1"
-                )
+                _num(spec, parts[0] if parts else "4096", int, 1, None, what)
+            )
+            kw["leak_memory_every"] = int(
+                _num(spec, parts[1] if len(parts) > 1 else "1", int, 1, None, what)
             )
         elif name == "leak-threads":
             kw["leak_threads_every"] = int(
@@ -372,7 +379,7 @@ class FaultRuntime:
         with self._lock:
             self._requests += 1
             n = self._requests
-        if f.leak_memory_bytes is not None:
+        if f.leak_memory_bytes is not None and n % f.leak_memory_every == 0:
             # Non-zero bytes so the pages are really touched and count in RSS.
             self._leaked_blocks.append(b"\x5a" * f.leak_memory_bytes)
             self.retained_bytes += f.leak_memory_bytes

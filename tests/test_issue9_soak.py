@@ -345,13 +345,15 @@ def test_issue9_system_sampler_records_each_generator_process(tmp_path: Path, mo
         tick = s.sample(float(k), T0 + k)
     s.close()
     assert tick is not None and tick.loadgen_cpu_pct == pytest.approx(110, abs=1)
-    assert dict((p, c) for p, _, c in tick.loadgen_procs) == {1: 100.0, 2: 10.0}
+    assert dict((p, c) for p, _, c, _ in tick.loadgen_procs) == {1: 100.0, 2: 10.0}
+    assert tick.loadgen_procs[0][3] == procfs.read_rss_bytes(1)  # the harness's own RSS
     (tmp_path / "sampler.json").write_text(json.dumps({"started_unix": T0, "running": False}))
     procs = read_samples(tmp_path)["system"]["loadgen_processes"]
     assert [(p["pid"], p["name"], p["cpu_pct"]) for p in procs] == [
         (1, "w1", [100.0, 100.0, 100.0]),
         (2, "w2", [10.0, 10.0, 10.0]),
     ]
+    assert all(isinstance(v, int) for v in procs[0]["rss_bytes"])
 
 
 # --- the trend test on autocorrelated and random-walk noise ---------------------------------

@@ -139,8 +139,9 @@ def _threads_top(path: Path, top: int) -> list[dict]:
 
 
 def _loadgen_processes(path: Path, t: list) -> list[dict]:
-    """Per generator process: ``pid``, ``name`` and ``cpu_pct`` aligned with the system
-    series' ``t`` (None where the process was not measured)."""
+    """Per generator process: ``pid``, ``name``, ``cpu_pct`` and ``rss_bytes`` aligned
+    with the system series' ``t`` (None where the process was not measured; files written
+    before RSS was recorded have no ``rss_bytes`` column)."""
     if not path.exists():
         return []
     index = {v: i for i, v in enumerate(t)}
@@ -152,8 +153,15 @@ def _loadgen_processes(path: Path, t: list) -> list[dict]:
         pid = int(row["pid"])
         p = procs.get(pid)
         if p is None:
-            p = procs[pid] = {"pid": pid, "name": row["name"], "cpu_pct": [None] * len(t)}
+            p = procs[pid] = {
+                "pid": pid,
+                "name": row["name"],
+                "cpu_pct": [None] * len(t),
+                "rss_bytes": [None] * len(t),
+            }
         p["cpu_pct"][i] = _num(row["cpu_pct"])
+        rss = _num(row.get("rss_bytes") or "")
+        p["rss_bytes"][i] = int(rss) if rss is not None else None
     return [procs[k] for k in sorted(procs)]
 
 

@@ -30,11 +30,12 @@ class SystemTick:
     cpu_pct: float
     per_core: tuple[float | None, ...]
     loadgen_cpu_pct: float | None
-    # (pid, name, %CPU) of each generator process measured over this interval
-    loadgen_procs: tuple[tuple[int, str, float], ...] = ()
+    # (pid, name, %CPU, RSS bytes) of each generator process measured over this interval:
+    # the RSS shows whether the harness itself grows over a long soak
+    loadgen_procs: tuple[tuple[int, str, float, int | None], ...] = ()
 
 
-LOADGEN_COLUMNS = ["t", "pid", "name", "cpu_pct"]
+LOADGEN_COLUMNS = ["t", "pid", "name", "cpu_pct", "rss_bytes"]
 
 
 def system_columns(cores: Iterable[int]) -> list[str]:
@@ -81,7 +82,7 @@ def loadgen_pids(
 
 
 class SystemSampler:
-    """Per-core and total CPU from /proc/stat; the generator's CPU from its processes' stat."""
+    """Per-core and total CPU from /proc/stat; the generator's CPU (and RSS) from its processes."""
 
     def __init__(
         self,
@@ -165,7 +166,8 @@ class SystemSampler:
             per_core=tuple(pct(c) for c in self.cores),
             loadgen_cpu_pct=lg,
             loadgen_procs=tuple(
-                (pid, name, round(d * 100.0 / (HZ * dt), 2)) for pid, name, d in lg_per
+                (pid, name, round(d * 100.0 / (HZ * dt), 2), procfs.read_rss_bytes(pid))
+                for pid, name, d in lg_per
             ),
         )
         self.recent.append(tick)
