@@ -1,6 +1,9 @@
 """Scenario files (``scenarios/*.toml``) parsed into frozen, validated dataclasses.
 
 The format is documented in ``docs/scenarios.md`` and in each packaged file's comments.
+This module loads a file and builds the ``Scenario``; ``scenario_quick`` applies the
+``[quick]`` table, ``scenario_experiments`` parses chaos, linearity and contention, and
+``toml_table`` reads values with errors that name the key.
 Every mistake is a ``ConfigError`` whose message names the file, the key, the value and
 what is valid, because a typo in a load test must never pass silently: an unknown key
 or check id is an error, not a default.
@@ -11,10 +14,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import json
 import math
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -22,6 +24,12 @@ from types import MappingProxyType
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.load.scenario_experiments import (
+    expand_contention,
+    parse_chaos,
+    parse_contention,
+    parse_linearity,
+)
 from harness.load.scenario_model import (  # re-exported: the public names live here
     ARRIVALS,
     CHAOS_ACTIONS,
@@ -40,6 +48,8 @@ from harness.load.scenario_model import (  # re-exported: the public names live 
     Stage,
     TrafficClass,
 )
+from harness.load.scenario_quick import TOP_KEYS, apply_quick
+from harness.load.toml_table import Table, missing, parse_rate, show
 
 __all__ = [
     "ARRIVALS",
@@ -129,222 +139,31 @@ def parse_scenario(
     if mode == "full":
         return full
     try:
-        merged = _apply_quick(data, source)
+        merged = apply_quick(data, source)
         return _build(merged, source, "quick", default_name)
     except ConfigError as e:
         # The full file parsed, so this came from the [quick] table: say so.
         raise ConfigError(f"{e} (after applying the [quick] table)") from None
 
 
-# --------------------------------------------------------------------------- quick mode
-
-_TOP_KEYS = (
-    "name",
-    "description",
-    "load",
-    "classes",
-    "stages",
-    "chaos",
-    "checks",
-    "linearity",
-    "contention",
-    "quick",
-)
-_SCALED_TABLES = ("stages", "chaos", "linearity", "contention")
-
-
-def _apply_quick(data: Mapping[str, Any], src: str) -> dict[str, Any]:
-    quick = data.get("quick", {})
-    out = {k: copy.deepcopy(v) for k, v in data.items() if k != "quick"}
-    if not quick:
-        return out
-    t = _Table(quick, "quick", src, ("scale", *(k for k in _TOP_KEYS if k != "quick")))
-    scale = t.number("scale", 1.0, positive=True)
-    taken = {k: t.take(k) for k in _TOP_KEYS if k != "quick"}
-    overrides = {k: v for k, v in taken.items() if v is not None}
-    t.done()
-    if scale != 1.0:
-        for key in _SCALED_TABLES:
-            if key in out:
-                out[key] = _scale(out[key], scale)
-    for key, over in overrides.items():
-        if key == "stages" and isinstance(over, dict):
-            out["stages"] = _merge_stages(out.get("stages", []), over, src)
-        elif isinstance(over, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], over)
-        else:
-            out[key] = copy.deepcopy(over)
-    return out
-
-
-def _scale(node: Any, factor: float) -> Any:
-    """Multiply every duration (``*_s`` key) in a table or array of tables."""
-    if isinstance(node, list):
-        return [_scale(x, factor) for x in node]
-    if isinstance(node, dict):
-        return {
-            k: (v * factor if k.endswith("_s") and _is_number(v) else _scale(v, factor))
-            for k, v in node.items()
-        }
-    return node
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
-def _merge_stages(stages: Any, over: Mapping[str, Any], src: str) -> list[Any]:
-    if not isinstance(stages, list):
-        return stages
-    names = [s.get("name") if isinstance(s, dict) else None for s in stages]
-    out = list(stages)
-    for name, fields in over.items():
-        if name not in names:
-            raise ConfigError(
-                f"{src}: quick.stages.{name} names no stage; stages are: "
-                f"{', '.join(str(n) for n in names)}"
-            )
-        if not isinstance(fields, dict):
-            raise ConfigError(
-                f"{src}: quick.stages.{name} = {_show(fields)} is not a table; "
-                f"write e.g. [quick.stages.{name}] duration_s = 10"
-            )
-        i = names.index(name)
-        out[i] = _deep_merge(out[i], fields)
-    return out
-
-
 # --------------------------------------------------------------------------- validation
 
 
-def _show(v: Any) -> str:
-    try:
-        return json.dumps(v, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return repr(v)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-class _Table:
-    """One TOML table being read; remembers its path so errors can name the key."""
-
-    def __init__(self, data: Any, where: str, src: str, keys: Iterable[str] = ()) -> None:
-        self.where, self.src = where, src
-        if not isinstance(data, dict):
-            self.fail("", data, "is not a table")
-        self.data = dict(data)
-        self.seen: set[str] = set()
-        if keys:
-            self.allow(keys)
-
-    def allow(self, keys: Iterable[str]) -> None:
-        """Declare the valid keys and reject unknown ones now, before a missing key is."""
-        self.seen.update(keys)
-        self.done()
-
-    def key(self, k: str) -> str:
-        return f"{self.where}.{k}" if self.where else k
-
-    def fail(self, k: str, value: Any, problem: str) -> None:
-        name = self.key(k) if k else self.where
-        raise ConfigError(f"{self.src}: {name} = {_show(value)} {problem}")
-
-    def take(self, k: str, default: Any = None) -> Any:
-        self.seen.add(k)
-        return self.data.get(k, default)
-
-    def number(
-        self,
-        k: str,
-        default: Any,
-        *,
-        positive: bool = False,
-        minimum: float | None = None,
-        integer: bool = False,
-    ) -> Any:
-        v = self.take(k, default)
-        if v is None:
-            return None
-        kind = "an integer" if integer else "a number"
-        if not _is_number(v) or (integer and not isinstance(v, int)) or not math.isfinite(v):
-            self.fail(k, v, f"is not {kind}; use {kind}{' > 0' if positive else ''}")
-        if positive and not v > 0:
-            self.fail(k, v, f"must be > 0; use {kind} > 0")
-        if minimum is not None and v < minimum:
-            self.fail(k, v, f"must be ≥ {minimum:g}")
-        return v
-
-    def string(self, k: str, default: str | None, choices: Iterable[str] | None = None) -> Any:
-        v = self.take(k, default)
-        if v is None:
-            return None
-        if not isinstance(v, str):
-            self.fail(k, v, "is not a string")
-        if choices is not None and v not in choices:
-            self.fail(k, v, f"is not valid; use one of: {', '.join(choices)}")
-        return v
-
-    def boolean(self, k: str, default: bool) -> bool:
-        v = self.take(k, default)
-        if not isinstance(v, bool):
-            self.fail(k, v, "is not a boolean; use true or false")
-        return v
-
-    def done(self) -> None:
-        for k in self.data:
-            if k not in self.seen:
-                hint = difflib.get_close_matches(k, sorted(self.seen), n=1)
-                maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise ConfigError(
-                    f"{self.src}: {self.key(k)} is not a known key{maybe}; valid keys here: "
-                    f"{', '.join(sorted(self.seen))}"
-                )
-
-
-def parse_rate(value: Any, where: str, src: str) -> Rate:
-    """``200`` (req/s) or ``"0.6x"`` (multiple of calibrated capacity)."""
-    bad = (
-        f"{src}: {where} = {_show(value)} is not a rate; use a number of req/s (e.g. 200) "
-        f'or a multiple of capacity (e.g. "0.6x")'
-    )
-    if _is_number(value):
-        rate = Rate(float(value))
-    elif isinstance(value, str) and value.strip().lower().endswith("x"):
-        try:
-            rate = Rate(float(value.strip()[:-1]), relative=True)
-        except ValueError:
-            raise ConfigError(bad) from None
-    else:
-        raise ConfigError(bad)
-    if not math.isfinite(rate.value) or rate.value < 0:
-        raise ConfigError(f"{bad}; it must be ≥ 0")
-    return rate
-
-
 def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | None) -> Scenario:
-    top = _Table(data, "", src, _TOP_KEYS)
+    top = Table(data, "", src, TOP_KEYS)
     name = top.string("name", default_name or Path(src).stem)
     description = top.string("description", "")
     top.take("quick")  # read by _apply_quick
     load = _parse_load(top.take("load", {}), src)
     classes = _parse_classes(top.take("classes"), src)
-    linearity = _parse_linearity(top.take("linearity"), src)
-    contention = _parse_contention(top.take("contention"), src)
+    linearity = parse_linearity(top.take("linearity"), src)
+    contention = parse_contention(top.take("contention"), src)
     raw_stages = top.take("stages")
     raw_chaos = top.take("chaos", [])
     checks = _parse_checks(top.take("checks"), src)
     top.done()
 
-    chaos = _parse_chaos(raw_chaos, src)
+    chaos = parse_chaos(raw_chaos, src)
     if linearity is not None or contention is not None:
         which = "linearity" if linearity is not None else "contention"
         if linearity is not None and contention is not None:
@@ -363,7 +182,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
             stages = linearity.stages(cores=0) if linearity.points else ()
         else:
             assert contention is not None
-            contention, stages, hogs = _expand_contention(contention)
+            contention, stages, hogs = expand_contention(contention)
             chaos = chaos + hogs
     else:
         stages = _parse_stages(raw_stages, load.mode, src)
@@ -408,7 +227,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
 
 
 def _parse_load(raw: Any, src: str) -> LoadConfig:
-    t = _Table(raw, "load", src, (f.name for f in dataclasses.fields(LoadConfig)))
+    t = Table(raw, "load", src, (f.name for f in dataclasses.fields(LoadConfig)))
     cal = t.take("calibrate", "auto")
     if cal != "auto" and not isinstance(cal, bool):
         t.fail("calibrate", cal, 'is not valid; use true, false or "auto"')
@@ -440,16 +259,16 @@ def _opt_float(v: Any) -> float | None:
 def _parse_classes(raw: Any, src: str) -> tuple[TrafficClass, ...]:
     if raw is None:
         return (TrafficClass("default"),)
-    top = _Table(raw, "classes", src)
+    top = Table(raw, "classes", src)
     if not top.data:
         top.fail("", raw, "is empty; define at least one class, e.g. [classes.default] share = 1")
     out = []
     for cname in top.data:
-        t = _Table(top.take(cname), f"classes.{cname}", src, ("priority", "share", "timeout_us"))
+        t = Table(top.take(cname), f"classes.{cname}", src, ("priority", "share", "timeout_us"))
         share = t.number("share", None, minimum=0)
         if share is None:
             if len(top.data) > 1:
-                _missing(t, "share", "a fraction in [0, 1] (shares of all classes sum to 1)")
+                missing(t, "share", "a fraction in [0, 1] (shares of all classes sum to 1)")
             share = 1.0
         tc = TrafficClass(
             name=cname,
@@ -468,43 +287,39 @@ def _parse_classes(raw: Any, src: str) -> tuple[TrafficClass, ...]:
     return tuple(out)
 
 
-def _missing(t: _Table, k: str, what: str) -> Any:
-    raise ConfigError(f"{t.src}: {t.key(k)} is missing; set it to {what}")
-
-
 _STAGE_KEYS = ("name", "duration_s", "rate", "users", "warmup_s", "threads")
 
 
 def _parse_stages(raw: Any, load_mode: str, src: str) -> tuple[Stage, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError(
-            f"{src}: stages = {_show(raw)} is not a list of stages; add at least one "
+            f"{src}: stages = {show(raw)} is not a list of stages; add at least one "
             "[[stages]] with name, duration_s and rate (open loop) or users (closed loop)"
         )
     out: list[Stage] = []
     t0 = 0.0
     names: set[str] = set()
     for i, item in enumerate(raw):
-        t = _Table(item, f"stages[{i}]", src, _STAGE_KEYS)
+        t = Table(item, f"stages[{i}]", src, _STAGE_KEYS)
         name = t.string("name", f"stage{i}")
         if name in names:
             t.fail("name", name, "is used by an earlier stage; stage names must be unique")
         names.add(name)
         dur = t.number("duration_s", None, positive=True)
         if dur is None:
-            _missing(t, "duration_s", "a number of seconds > 0")
+            missing(t, "duration_s", "a number of seconds > 0")
         raw_rate, users = t.take("rate"), t.number("users", None, integer=True, positive=True)
         if load_mode == "open":
             if users is not None:
                 t.fail("users", users, 'is for closed loop but load.mode = "open"; use rate')
             if raw_rate is None:
-                _missing(t, "rate", 'a rate in req/s (e.g. 200) or of capacity (e.g. "0.6x")')
+                missing(t, "rate", 'a rate in req/s (e.g. 200) or of capacity (e.g. "0.6x")')
             rate = parse_rate(raw_rate, t.key("rate"), src)
         else:
             if raw_rate is not None:
                 t.fail("rate", raw_rate, 'is for open loop but load.mode = "closed"; use users')
             if users is None:
-                _missing(t, "users", "a number of closed-loop users ≥ 1")
+                missing(t, "users", "a number of closed-loop users ≥ 1")
             rate = None
         warm = float(t.number("warmup_s", 0.0, minimum=0))
         if warm >= dur:
@@ -516,69 +331,10 @@ def _parse_stages(raw: Any, load_mode: str, src: str) -> tuple[Stage, ...]:
     return tuple(out)
 
 
-_CHAOS_PARAMS: dict[str, dict[str, Callable[[Any], bool]]] = {
-    "cpu_hog": {
-        "cores": lambda v: (
-            v == "sut" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
-        ),
-        "pin": lambda v: (
-            v in ("sut", "none")
-            or (isinstance(v, list) and all(isinstance(c, int) and c >= 0 for c in v))
-        ),
-    },
-    "pause": {},
-    "kill": {
-        "restart": lambda v: isinstance(v, bool),
-        "signal": lambda v: v in ("SIGKILL", "SIGTERM"),
-    },
-}
-_CHAOS_VALID = {
-    "cores": 'an integer ≥ 1 or "sut" (one hog per SUT core)',
-    "pin": '"sut" (the SUT\'s cores), "none", or a list of core numbers',
-    "restart": "true or false",
-    "signal": '"SIGKILL" or "SIGTERM"',
-}
-_CHAOS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "cpu_hog": {"cores": "sut", "pin": "sut"},
-    "pause": {},
-    "kill": {"restart": True, "signal": "SIGKILL"},
-}
-
-
-def _parse_chaos(raw: Any, src: str) -> tuple[ChaosEvent, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"{src}: chaos = {_show(raw)} is not a list; write [[chaos]] tables")
-    out = []
-    for i, item in enumerate(raw):
-        t = _Table(item, f"chaos[{i}]", src)
-        action = t.string("action", None, CHAOS_ACTIONS)
-        if action is None:
-            _missing(t, "action", f"one of: {', '.join(CHAOS_ACTIONS)}")
-        t.allow(("at_s", "duration_s", *_CHAOS_PARAMS[action]))
-        at = t.number("at_s", None, minimum=0)
-        if at is None:
-            _missing(t, "at_s", "seconds after the load starts, ≥ 0")
-        if action == "kill":
-            dur = t.number("duration_s", 0.0, minimum=0)
-        else:
-            dur = t.number("duration_s", None, positive=True)
-            if dur is None:
-                _missing(t, "duration_s", "a number of seconds > 0")
-        params = dict(_CHAOS_DEFAULTS[action])
-        for k, check in _CHAOS_PARAMS[action].items():
-            v = t.take(k, params[k])
-            if not check(v):
-                t.fail(k, v, f"is not valid for {action}; use {_CHAOS_VALID[k]}")
-            params[k] = v
-        t.done()
-        out.append(ChaosEvent(float(at), action, MappingProxyType(params), float(dur)))
-    return tuple(out)  # file order, so errors can name chaos[i]; sorted once validated
-
-
 def _parse_checks(raw: Any, src: str) -> Mapping[str, Mapping[str, Any]]:
     if raw is None:
         return MappingProxyType({})
-    t = _Table(raw, "checks", src)
+    t = Table(raw, "checks", src)
     flat: dict[str, Any] = {}
 
     def visit(prefix: str, node: Mapping[str, Any]) -> None:
@@ -603,94 +359,8 @@ def _parse_checks(raw: Any, src: str) -> Mapping[str, Mapping[str, Any]]:
             over = {}
         if not isinstance(over, dict):
             raise ConfigError(
-                f'{src}: checks."{cid}" = {_show(over)} is not a table of overrides; write '
+                f'{src}: checks."{cid}" = {show(over)} is not a table of overrides; write '
                 f'"{cid}" = {{}} for the defaults or e.g. "{cid}" = {{ threshold = 10 }}'
             )
         out[cid] = MappingProxyType(copy.deepcopy(over))
     return MappingProxyType(out)
-
-
-def _parse_linearity(raw: Any, src: str) -> LinearitySpec | None:
-    if raw is None:
-        return None
-    t = _Table(raw, "linearity", src, (f.name for f in dataclasses.fields(LinearitySpec)))
-    d = LinearitySpec()
-    pts = t.take("points", "auto")
-    if pts == "auto":
-        points: tuple[int, ...] = ()
-    elif (
-        isinstance(pts, list)
-        and pts
-        and all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in pts)
-        and len(set(pts)) == len(pts)
-    ):
-        points = tuple(sorted(pts))
-        if points[0] != 1:
-            t.fail("points", pts, "must include 1: efficiency is X(N)/(N·X(1))")
-    else:
-        t.fail(
-            "points",
-            pts,
-            'is not valid; use "auto" or a list of distinct integers ≥ 1, e.g. [1, 2, 4]',
-        )
-    spec = LinearitySpec(
-        vary=t.string("vary", d.vary, LINEARITY_VARY),
-        points=points,
-        replicates=t.number("replicates", d.replicates, integer=True, positive=True),
-        stage_s=float(t.number("stage_s", d.stage_s, positive=True)),
-        warmup_s=float(t.number("warmup_s", d.warmup_s, minimum=0)),
-        users_per_thread=t.number(
-            "users_per_thread", d.users_per_thread, integer=True, positive=True
-        ),
-    )
-    if spec.warmup_s >= spec.stage_s:
-        t.fail("warmup_s", spec.warmup_s, f"must be shorter than stage_s = {spec.stage_s:g}")
-    t.done()
-    return spec
-
-
-def _parse_contention(raw: Any, src: str) -> ContentionSpec | None:
-    if raw is None:
-        return None
-    keys = ("rate", "block_s", "cycles", "after_s", "warmup_s", "hog_cores")
-    t = _Table(raw, "contention", src, keys)
-    d = ContentionSpec(Rate(0.6, True))
-    raw_rate = t.take("rate", "0.6x")
-    cores = t.take("hog_cores", d.hog_cores)
-    if not (
-        cores == "sut" or (isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1)
-    ):
-        t.fail("hog_cores", cores, f"is not valid; use {_CHAOS_VALID['cores']}")
-    spec = ContentionSpec(
-        rate=parse_rate(raw_rate, t.key("rate"), src),
-        block_s=float(t.number("block_s", d.block_s, positive=True)),
-        cycles=t.number("cycles", d.cycles, integer=True, positive=True),
-        after_s=float(t.number("after_s", d.after_s, positive=True)),
-        warmup_s=float(t.number("warmup_s", d.warmup_s, minimum=0)),
-        hog_cores=cores,
-    )
-    if spec.warmup_s >= min(spec.block_s, spec.after_s):
-        t.fail("warmup_s", spec.warmup_s, "must be shorter than block_s and after_s")
-    t.done()
-    return spec
-
-
-def _expand_contention(
-    spec: ContentionSpec,
-) -> tuple[ContentionSpec, tuple[Stage, ...], tuple[ChaosEvent, ...]]:
-    """baseline_1, hog_1, …, baseline_k, hog_k, after — with one cpu_hog per hog block."""
-    stages: list[Stage] = []
-    hogs: list[ChaosEvent] = []
-    blocks: list[ContentionBlock] = []
-    t = 0.0
-    plan = [(kind, c) for c in range(1, spec.cycles + 1) for kind in ("baseline", "hog")]
-    for kind, c in [*plan, ("after", 0)]:
-        dur = spec.after_s if kind == "after" else spec.block_s
-        name = kind if kind == "after" else f"{kind}_{c}"
-        stages.append(Stage(name, dur, spec.rate, None, t, None, spec.warmup_s))
-        blocks.append(ContentionBlock(kind, name, t, t + dur))  # type: ignore[arg-type]
-        if kind == "hog":
-            params = MappingProxyType({"cores": spec.hog_cores, "pin": "sut"})
-            hogs.append(ChaosEvent(t, "cpu_hog", params, dur))
-        t += dur
-    return replace(spec, blocks=tuple(blocks)), tuple(stages), tuple(hogs)
