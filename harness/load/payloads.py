@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,12 +249,17 @@ def make_id(slot: int, seq: int) -> str:
     return f"{slot & 0xFFFF:04x}{seq & 0xFFFFFFFFFFFF:012x}"
 
 
-def fetch_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
-    """GET a JSON document from the SUT; TargetUnavailable when it cannot be had."""
+def fetch_json(
+    url: str, timeout: float = 10.0, on_status: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """GET a JSON document from the SUT; TargetUnavailable when it cannot be had.
+    ``on_status`` may raise a more precise error for a status other than 200 first."""
     try:
         status, body = http.request(url, "GET", timeout=timeout)
     except (http.RequestTimeout, http.ConnectionFailed) as exc:
         raise TargetUnavailable(f"GET {url} failed: {exc}; is the server running?") from None
+    if status != 200 and on_status is not None:
+        on_status(status)
     if status != 200:
         raise TargetUnavailable(f"GET {url} answered HTTP {status}: {body[:200]!r}")
     try:
@@ -265,19 +270,12 @@ def fetch_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
 
 def model_metadata(base_url: str, model: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET /v2/models/{model}``; a 404 is a ConfigError naming --model."""
-    url = f"{base_url.rstrip('/')}/v2/models/{model}"
-    try:
-        status, body = http.request(url, "GET", timeout=timeout)
-    except (http.RequestTimeout, http.ConnectionFailed) as exc:
-        raise TargetUnavailable(f"GET {url} failed: {exc}; is the server running?") from None
-    if status == 404:
-        raise ConfigError(
-            f"--model has value {model!r}, which the server at {base_url} does not serve "
-            f"(GET /v2/models/{model} → 404); pass the model's name with --model NAME"
-        )
-    if status != 200:
-        raise TargetUnavailable(f"GET {url} answered HTTP {status}: {body[:200]!r}")
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise TargetUnavailable(f"GET {url} did not answer JSON: {body[:200]!r}") from None
+
+    def unknown_model(status: int) -> None:
+        if status == 404:
+            raise ConfigError(
+                f"--model has value {model!r}, which the server at {base_url} does not serve "
+                f"(GET /v2/models/{model} → 404); pass the model's name with --model NAME"
+            )
+
+    return fetch_json(f"{base_url.rstrip('/')}/v2/models/{model}", timeout, unknown_model)
