@@ -200,6 +200,42 @@ def _num(spec: str, param: str, kind: type, lo: float, hi: float | None, what: s
     return value
 
 
+# Faults with one number: name → (FaultSet field, default, type, min, max, what is valid).
+_ONE_NUMBER: dict[str, tuple[str, str, type, float, float | None, str]] = {
+    "leak-threads": ("leak_threads_every", "100", int, 1, None, "EVERY_N_REQUESTS, N >= 1"),
+    "leak-fds": ("leak_fds_every", "100", int, 1, None, "EVERY_N_REQUESTS, N >= 1"),
+    "cross-wire": ("cross_wire_p", "0.05", float, 0.0, 1.0, "P with 0 <= P <= 1"),
+    "slow-start": ("slow_start_s", "5", float, 0.0, None, "SECONDS >= 0"),
+    "stale-output": ("stale_output_p", "0.02", float, 0.0, 1.0, "P with 0 <= P <= 1"),
+    "error-rate": ("error_rate_p", "0.05", float, 0.0, 1.0, "P with 0 <= P <= 1"),
+    "slowdown": ("slowdown_ms_per_min", "20", float, 0.0, None, "MS_PER_MIN with MS_PER_MIN >= 0"),
+    "cold-errors": ("cold_errors", "10", int, 1, None, "N_REQUESTS, N >= 1"),
+    "backoff-batching": (
+        "backoff_batching_grow_s",
+        "1",
+        float,
+        0.001,
+        None,
+        "GROW_S with GROW_S > 0",
+    ),
+}
+
+
+def _pair(
+    spec: str, param: str, defaults: tuple[str, str | None], kinds: tuple[type, type], what: str
+) -> tuple[float, float]:
+    """``A[,B]`` (``A,B`` when B has no default) → two numbers ≥ the first's minimum."""
+    parts = param.split(",") if param else [defaults[0]]
+    if len(parts) == 1 and defaults[1] is not None:
+        parts.append(defaults[1])
+    if len(parts) != 2:
+        raise _bad(spec, what)
+    lo = 1 if kinds[0] is int else 0.0
+    return _num(spec, parts[0], kinds[0], lo, None, what), _num(
+        spec, parts[1], kinds[1], 1 if kinds[1] is int else 0.0, None, what
+    )
+
+
 def parse_faults(specs: Iterable[str]) -> FaultSet:
     """Parse repeated ``--fault NAME[:PARAM]`` values into a FaultSet."""
     kw: dict[str, object] = {}
@@ -207,71 +243,24 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
         name, _, param = spec.partition(":")
         if name not in FAULT_NAMES:
             raise _bad(spec, f"NAME[:PARAM] with NAME one of {', '.join(FAULT_NAMES)}")
-        if name == "leak-memory":
-            parts = param.split(",") if param else []
+        if name in _ONE_NUMBER:
+            field, default, kind, lo, hi, what = _ONE_NUMBER[name]
+            value = _num(spec, param or default, kind, lo, hi, f"{name}:{what}")
+            kw[field] = int(value) if kind is int else value
+        elif name == "leak-memory":
             what = "leak-memory:BYTES_PER_REQUEST[,EVERY_N_REQUESTS] with BYTES >= 1, N >= 1"
-            if len(parts) > 2:
-                raise _bad(spec, what)
-            kw["leak_memory_bytes"] = int(
-                _num(spec, parts[0] if parts else "4096", int, 1, None, what)
-            )
-            kw["leak_memory_every"] = int(
-                _num(spec, parts[1] if len(parts) > 1 else "1", int, 1, None, what)
-            )
-        elif name == "leak-threads":
-            kw["leak_threads_every"] = int(
-                _num(spec, param or "100", int, 1, None, "leak-threads:EVERY_N_REQUESTS, N >= 1")
-            )
-        elif name == "leak-fds":
-            kw["leak_fds_every"] = int(
-                _num(spec, param or "100", int, 1, None, "leak-fds:EVERY_N_REQUESTS, N >= 1")
-            )
-        elif name == "cross-wire":
-            kw["cross_wire_p"] = _num(
-                spec, param or "0.05", float, 0.0, 1.0, "cross-wire:P with 0 <= P <= 1"
-            )
-        elif name == "slow-start":
-            kw["slow_start_s"] = _num(
-                spec, param or "5", float, 0.0, None, "slow-start:SECONDS >= 0"
-            )
+            nbytes, every = _pair(spec, param, ("4096", "1"), (int, int), what)
+            kw["leak_memory_bytes"], kw["leak_memory_every"] = int(nbytes), int(every)
+        elif name == "late-leak":
+            what = "late-leak:BYTES_PER_REQUEST[,AFTER_S] with BYTES >= 1 and AFTER_S >= 0"
+            nbytes, after = _pair(spec, param, ("4096", "30"), (int, float), what)
+            kw["late_leak"] = (int(nbytes), after)
         elif name == "stall":
-            parts = (param or "10,0.5").split(",")
             what = "stall:PERIOD_S,HOLD_S with 0 < HOLD_S < PERIOD_S"
-            if len(parts) != 2:
-                raise _bad(spec, what)
-            period = _num(spec, parts[0], float, 0.0, None, what)
-            hold = _num(spec, parts[1], float, 0.0, None, what)
+            period, hold = _pair(spec, param or "10,0.5", ("10", None), (float, float), what)
             if not 0 < hold < period:
                 raise _bad(spec, what)
             kw["stall"] = (period, hold)
-        elif name == "late-leak":
-            parts = param.split(",") if param else []
-            what = "late-leak:BYTES_PER_REQUEST[,AFTER_S] with BYTES >= 1 and AFTER_S >= 0"
-            if len(parts) > 2:
-                raise _bad(spec, what)
-            nbytes = _num(spec, parts[0] if parts else "4096", int, 1, None, what)
-            after = _num(spec, parts[1] if len(parts) > 1 else "30", float, 0.0, None, what)
-            kw["late_leak"] = (int(nbytes), after)
-        elif name == "stale-output":
-            kw["stale_output_p"] = _num(
-                spec, param or "0.02", float, 0.0, 1.0, "stale-output:P with 0 <= P <= 1"
-            )
-        elif name == "error-rate":
-            kw["error_rate_p"] = _num(
-                spec, param or "0.05", float, 0.0, 1.0, "error-rate:P with 0 <= P <= 1"
-            )
-        elif name == "slowdown":
-            kw["slowdown_ms_per_min"] = _num(
-                spec, param or "20", float, 0.0, None, "slowdown:MS_PER_MIN with MS_PER_MIN >= 0"
-            )
-        elif name == "cold-errors":
-            kw["cold_errors"] = int(
-                _num(spec, param or "10", int, 1, None, "cold-errors:N_REQUESTS, N >= 1")
-            )
-        elif name == "backoff-batching":
-            kw["backoff_batching_grow_s"] = _num(
-                spec, param or "1", float, 0.001, None, "backoff-batching:GROW_S with GROW_S > 0"
-            )
         else:
             if param:
                 raise _bad(spec, f"{name} without a parameter")
