@@ -142,43 +142,22 @@ class FaultSet:
     cold_errors: int | None = None  # the first N inference requests are refused 503
 
     def names(self) -> list[str]:
-        """Canonical ``NAME[:PARAM]`` strings of the active faults."""
+        """Canonical ``NAME[:PARAM]`` strings of the active faults (in field order)."""
         out = []
-        if self.leak_memory_bytes is not None:
-            every = "" if self.leak_memory_every == 1 else f",{self.leak_memory_every}"
-            out.append(f"leak-memory:{self.leak_memory_bytes}{every}")
-        if self.leak_threads_every is not None:
-            out.append(f"leak-threads:{self.leak_threads_every}")
-        if self.leak_fds_every is not None:
-            out.append(f"leak-fds:{self.leak_fds_every}")
-        if self.no_batching:
-            out.append("no-batching")
-        if self.unbounded_queue:
-            out.append("unbounded-queue")
-        if self.ignore_priority:
-            out.append("ignore-priority")
-        if self.cross_wire_p is not None:
-            out.append(f"cross-wire:{self.cross_wire_p:g}")
-        if self.slow_start_s is not None:
-            out.append(f"slow-start:{self.slow_start_s:g}")
-        if self.stall is not None:
-            out.append(f"stall:{self.stall[0]:g},{self.stall[1]:g}")
-        if self.late_leak is not None:
-            out.append(f"late-leak:{self.late_leak[0]},{self.late_leak[1]:g}")
-        if self.stale_output_p is not None:
-            out.append(f"stale-output:{self.stale_output_p:g}")
-        if self.error_rate_p is not None:
-            out.append(f"error-rate:{self.error_rate_p:g}")
-        if self.serialize:
-            out.append("serialize")
-        if self.slowdown_ms_per_min is not None:
-            out.append(f"slowdown:{self.slowdown_ms_per_min:g}")
-        if self.fifo_dispatch:
-            out.append("fifo-dispatch")
-        if self.backoff_batching_grow_s is not None:
-            out.append(f"backoff-batching:{self.backoff_batching_grow_s:g}")
-        if self.cold_errors is not None:
-            out.append(f"cold-errors:{self.cold_errors}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None or v is False or f.name == "leak_memory_every":
+                continue
+            name = _FAULT_OF_FIELD.get(f.name, f.name.replace("_", "-"))
+            if v is True:
+                out.append(name)
+                continue
+            values = list(v) if isinstance(v, tuple) else [v]
+            if f.name == "leak_memory_bytes" and self.leak_memory_every != 1:
+                values.append(self.leak_memory_every)
+            out.append(
+                f"{name}:" + ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in values)
+            )
         return out
 
     def __bool__(self) -> bool:
@@ -218,6 +197,13 @@ _ONE_NUMBER: dict[str, tuple[str, str, type, float, float | None, str]] = {
         None,
         "GROW_S with GROW_S > 0",
     ),
+}
+
+
+# FaultSet field → fault name where they differ by more than "_" → "-".
+_FAULT_OF_FIELD = {
+    **{field: name for name, (field, *_) in _ONE_NUMBER.items()},
+    "leak_memory_bytes": "leak-memory",
 }
 
 

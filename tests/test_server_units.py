@@ -328,3 +328,28 @@ def test_leak_memory_every_n_requests_retains_one_block_per_n() -> None:
     for bad in ("leak-memory:1,0", "leak-memory:1,2,3", "leak-memory:1,x"):
         with pytest.raises(ConfigError, match="EVERY_N_REQUESTS"):
             parse_faults([bad])
+
+
+def test_every_fault_name_round_trips_through_its_canonical_string() -> None:
+    specs = [
+        "leak-memory:4096,170",
+        "leak-threads:100",
+        "leak-fds:7",
+        "no-batching",
+        "unbounded-queue",
+        "ignore-priority",
+        "cross-wire:0.03",
+        "slow-start:2.5",
+        "stall:8,0.6",
+        "late-leak:2048,30",
+        "stale-output:0.02",
+        "error-rate:0.05",
+        "serialize",
+        "slowdown:20",
+        "fifo-dispatch",
+        "backoff-batching:1",
+        "cold-errors:10",
+    ]
+    f = parse_faults(specs)
+    assert f.names() == specs
+    assert parse_faults(f.names()) == f
