@@ -230,19 +230,22 @@ def test_scenario_is_frozen_and_checks_are_read_only() -> None:
 
 
 def test_results_helpers_match_the_results_shape() -> None:
+    from harness.load.result import classes_view, stages_view
+
     s = load_scenario("spike", "quick")
-    rows = s.stages_result(200.0)
+    rows = stages_view(s, 200.0)
     assert rows[0] | {} == {
         "name": "baseline",
         "start_s": 0.0,
         "end_s": 20.0,
         "kind": "open",
         "rate_rps": 100.0,
+        "rate": "0.5x",
         "users": None,
         "threads": None,
         "warmup_s": 5.0,
     }
-    assert s.classes_result() == {"default": {"priority": 0, "share": 1.0, "timeout_us": None}}
+    assert classes_view(s) == {"default": {"priority": 0, "share": 1.0, "timeout_us": None}}
 
 
 def test_rate_parse_and_resolve() -> None:

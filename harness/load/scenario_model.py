@@ -302,26 +302,3 @@ class Scenario:
     def check_config(self) -> dict[str, dict[str, Any]]:
         """The ``check_config`` of a scenario result: check id → overrides (plain dicts)."""
         return {cid: copy.deepcopy(dict(over)) for cid, over in self.checks.items()}
-
-    def stages_result(self, capacity_rps: float | None) -> list[dict[str, Any]]:
-        """The ``stages`` list of a scenario result (rates resolved to req/s)."""
-        return [
-            {
-                "name": s.name,
-                "start_s": s.start_s,
-                "end_s": s.end_s,
-                "kind": s.kind,
-                "rate_rps": s.rate_rps(capacity_rps),
-                "users": s.users,
-                "threads": s.threads,
-                "warmup_s": s.warmup_s,
-            }
-            for s in self.stages
-        ]
-
-    def classes_result(self) -> dict[str, dict[str, Any]]:
-        """The ``classes`` table of a scenario result."""
-        return {
-            c.name: {"priority": c.priority, "share": c.share, "timeout_us": c.timeout_us}
-            for c in self.classes
-        }
