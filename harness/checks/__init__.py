@@ -4,12 +4,15 @@
 (plus ``accounting.balanced``); ``validity(result)`` lists why a run judges nothing;
 ``verdict(checks, validity)`` reduces them to "pass" | "fail" | "invalid";
 ``judge_scenario(result, overrides)`` does all three and writes them into the result.
-Defaults and their reasoning: docs/checks.md.
+Each check is declared in ``harness.catalog`` and implemented by one function in a module
+below (``@implements(id)``); defaults and their reasoning: docs/checks.md.
 """
 
 from __future__ import annotations
 
-# Importing the check modules registers their checks.
+from harness.catalog import CHECK_IDS
+
+# Importing the check modules attaches their functions to the declarations.
 from harness.checks import correctness, latency, overload, soak  # noqa: F401
 from harness.checks.engine import (
     RUN_COMPLETED,
@@ -22,12 +25,8 @@ from harness.checks.engine import (
 from harness.checks.model import Check, CheckSpec
 from harness.checks.registry import REGISTRY, load_checklist, resolve_params
 
-# The checklist's order (README's table): the order reports list them in.
-_GROUPS = ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
-_GROUPS += ("contention", "accounting")
-CHECK_IDS: tuple[str, ...] = tuple(
-    sorted(REGISTRY, key=lambda cid: (_GROUPS.index(cid.split(".")[0]), list(REGISTRY).index(cid)))
-)
+# A declared check without its function stops here, with its id.
+REGISTRY.verify()
 
 __all__ = [
     "CHECK_IDS",

@@ -11,16 +11,10 @@ from harness.analysis.validity import accounting_imbalance
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
-from harness.checks.registry import register
+from harness.checks.registry import implements
 
 
-@register(
-    "integrity.mismatches",
-    unit="responses",
-    op="<=",
-    defaults={"threshold": 0, "nondeterministic": False, "min_checked": 300},
-    summary="responses that do not belong to their request, or drifted from it (must be 0)",
-)
+@implements("integrity.mismatches")
 def mismatches(result: Mapping[str, Any], r: Result) -> Check:
     integ = result.get("integrity")
     if not integ:
@@ -90,13 +84,7 @@ def _example(e: Mapping[str, Any]) -> str:
     )
 
 
-@register(
-    "linearity.efficiency",
-    unit="ratio",
-    op=">=",
-    defaults={"threshold": 0.75, "max_n": 0, "min_replicates": 1},
-    summary="X(N)/(N·X(1)) for N up to the cores available to the server, with a USL fit",
-)
+@implements("linearity.efficiency")
 def linearity_efficiency(result: Mapping[str, Any], r: Result) -> Check:
     lin = result.get("linearity")
     if not lin or not lin.get("points"):
@@ -144,13 +132,7 @@ def linearity_efficiency(result: Mapping[str, Any], r: Result) -> Check:
     return r.judged(round(worst, 4), ok, detail, n=sum(len(points[n]) for n in [1, *judged_ns]))
 
 
-@register(
-    "accounting.balanced",
-    unit="requests",
-    op="==",
-    defaults={"threshold": 0},
-    summary="every scheduled request accounted for (ok + failed + dropped + in flight)",
-)
+@implements("accounting.balanced")
 def balanced(result: Mapping[str, Any], r: Result) -> Check:
     c = result.get("counters")
     if not c:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from harness.analysis import validity as v
 from harness.analysis.chaos_evidence import chaos_not_applied
 from harness.analysis.percentiles import percentile_ms
+from harness.catalog import CATALOG
 from harness.checks import _data as d
-from harness.checks.model import Check
-from harness.checks.registry import REGISTRY, resolve_params, run_check
+from harness.checks import registry
+from harness.checks.model import Check, ValidityParams
+from harness.checks.registry import resolve_params, run_check
 from harness.checks.soak import needed_server_series
 from harness.errors import ConfigError, ResultFormatError
 
-ALWAYS: tuple[str, ...] = ("accounting.balanced",)
+# Declared ``always`` in the catalog: ``accounting.balanced``.
+ALWAYS: tuple[str, ...] = CATALOG.always
 # Added by judge_scenario when the server died or could not be reached (a failure).
 RUN_COMPLETED = "run.completed"
 # The checks whose threshold is the latency SLO that dispatch lag is measured against.
@@ -41,10 +43,10 @@ def evaluate(
     ids = list(config) + [c for c in ALWAYS if c not in config]
     checks: list[Check] = []
     for cid in ids:
-        if cid not in REGISTRY:
+        if cid not in registry.REGISTRY:
             raise ConfigError(
                 f"scenario '{scenario_result.get('name')}' lists unknown check id '{cid}'. "
-                f"Valid ids: {', '.join(sorted(REGISTRY))}."
+                f"Valid ids: {', '.join(sorted(registry.REGISTRY))}."
             )
         params = resolve_params(cid, config.get(cid), overrides.get(cid))
         try:
@@ -83,34 +85,6 @@ def verdict(checks: Sequence[Check], validity: Sequence[str] | None = None) -> V
     if not any(c.passed is True for c in own_checks(checks)):
         return "not_judged"
     return "pass"
-
-
-@dataclass(frozen=True)
-class ValidityParams:
-    loadgen_max_pct: float = 90.0  # Locust's own warning level
-    loadgen_sustain_s: float = 5.0  # a single hot tick is not saturation
-    lag_max_fraction: float = 0.1  # dispatch lag p99 vs the SLO
-    default_slo_ms: float = 200.0  # when the scenario judges no p99
-    max_missed_frac: float = 0.05
-    max_gap_intervals: float = 5.0
-    min_coverage: float = 0.9  # the sampler's first..last sample against the run
-
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:
-        m = m or {}
-        names = {f.name for f in fields(cls)}
-        unknown = set(m) - names
-        if unknown:
-            raise ConfigError(
-                f"checklist [validity] has unknown parameter(s) {sorted(unknown)}. "
-                f"Valid parameters: {', '.join(sorted(names))}."
-            )
-        for k, val in m.items():
-            if isinstance(val, bool) or not isinstance(val, (int, float)):
-                raise ConfigError(
-                    f"checklist [validity] parameter '{k}' has value {val!r}. Not a valid number."
-                )
-        return cls(**{k: float(val) for k, val in m.items()})
 
 
 def _slo_ms(result: Mapping[str, Any], overrides: Mapping[str, Any], default: float) -> float:

@@ -16,7 +16,7 @@ from harness.analysis.percentiles import (
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
-from harness.checks.registry import register
+from harness.checks.registry import implements
 
 
 def _stage_list(name: str) -> list[str] | None:
@@ -39,13 +39,7 @@ def _share(bad: int, n: int) -> str:
     return f"{bad / n:.2%}" if n else "n/a"
 
 
-@register(
-    "cold_start.time_to_ready_s",
-    unit="s",
-    op="<=",
-    defaults={"threshold": 30.0},
-    summary="process start → readiness endpoint 200",
-)
+@implements("cold_start.time_to_ready_s")
 def time_to_ready(result: Mapping[str, Any], r: Result) -> Check:
     ttr = result.get("time_to_ready_s")
     if ttr is None:
@@ -64,13 +58,7 @@ def time_to_ready(result: Mapping[str, Any], r: Result) -> Check:
     return r.judged(float(ttr), ok, detail, n=1)
 
 
-@register(
-    "cold_start.first_p99_ratio",
-    unit="x",
-    op="<=",
-    defaults={"threshold": 5.0, "min_excess_ms": 20.0, "min_first": 20, "steady_stage": ""},
-    summary="p99 of the first requests vs steady p99 (warmup works)",
-)
+@implements("cold_start.first_p99_ratio")
 def first_p99_ratio(result: Mapping[str, Any], r: Result) -> Check:
     first = result.get("first_requests") or {}
     if not first or (not first.get("latency_hdr") and "scheduled" not in first):
@@ -138,13 +126,7 @@ def first_p99_ratio(result: Mapping[str, Any], r: Result) -> Check:
     return r.judged(round(ratio, 3), ok, detail, n=n_first)
 
 
-@register(
-    "cold_start.first_error_rate",
-    unit="ratio",
-    op="<=",
-    defaults={"threshold": 0.01, "min_first": 20},
-    summary="failed (and dropped) share of the first requests sent after readiness",
-)
+@implements("cold_start.first_error_rate")
 def first_error_rate(result: Mapping[str, Any], r: Result) -> Check:
     first = result.get("first_requests") or {}
     if not first:
@@ -228,14 +210,7 @@ def _p99_check(
     return r.judged(a.value_ms, ok, detail, n=a.n)
 
 
-@register(
-    "steady.p99_ms",
-    unit="ms",
-    op="<=",
-    defaults={"threshold": 200.0, "stage": "", "confidence": 0.99},
-    summary="p99 latency in steady state, failed and dropped requests counted as over the SLO "
-    "(early-stopping sample size)",
-)
+@implements("steady.p99_ms")
 def steady_p99(result: Mapping[str, Any], r: Result) -> Check:
     names = _stage_list(r.params["stage"])
     hist = d.histogram(result, stage_names=names)
@@ -265,13 +240,7 @@ def _kinds(c: Mapping[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])) or "none"
 
 
-@register(
-    "steady.error_rate",
-    unit="ratio",
-    op="<=",
-    defaults={"threshold": 0.01, "stage": "", "include_dropped": True, "min_requests": 100},
-    summary="failed (and dropped) share of finished requests in steady state",
-)
+@implements("steady.error_rate")
 def steady_error_rate(result: Mapping[str, Any], r: Result) -> Check:
     c = d.counters(result, stage_names=_stage_list(r.params["stage"]))
     if c is None:
@@ -305,13 +274,7 @@ def _offered(result: Mapping[str, Any], names: list[str] | None) -> tuple[float,
     return reqs, secs
 
 
-@register(
-    "steady.throughput",
-    unit="req/s",
-    op=">=",
-    defaults={"threshold": 0.0, "min_ratio": 0.95, "stage": ""},
-    summary="ok responses per second vs the offered rate (or an absolute floor)",
-)
+@implements("steady.throughput")
 def steady_throughput(result: Mapping[str, Any], r: Result) -> Check:
     names = _stage_list(r.params["stage"])
     c = d.counters(result, stage_names=names)
@@ -372,19 +335,7 @@ def _not_exercised(r: Result, cls: str) -> Check:
     )
 
 
-@register(
-    "priority.high_p99_ms",
-    unit="ms",
-    op="<=",
-    defaults={
-        "threshold": 200.0,
-        "class_name": "",
-        "stage": "",
-        "confidence": 0.99,
-        "min_other_reject_rate": 0.01,
-    },
-    summary="p99 of the high-priority class above capacity",
-)
+@implements("priority.high_p99_ms")
 def high_p99(result: Mapping[str, Any], r: Result) -> Check:
     cls = r.params["class_name"] or d.high_class(result)
     if cls is None:
@@ -409,20 +360,7 @@ def high_p99(result: Mapping[str, Any], r: Result) -> Check:
     return c
 
 
-@register(
-    "priority.high_reject_rate",
-    unit="ratio",
-    op="<=",
-    defaults={
-        "threshold": 0.05,
-        "class_name": "",
-        "stage": "",
-        "min_requests": 100,
-        "min_other_reject_rate": 0.01,
-        "slo_ms": 200.0,
-    },
-    summary="failed share of high-priority requests above capacity",
-)
+@implements("priority.high_reject_rate")
 def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
     cls = r.params["class_name"] or d.high_class(result)
     if cls is None:

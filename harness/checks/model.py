@@ -1,13 +1,18 @@
-"""The check object and the registry entry that produces it."""
+"""The check object, the registry entry that produces it, and the run-validity limits.
+
+What a check is (id, unit, op, defaults) is declared in ``harness.catalog``; a
+``CheckSpec`` joins a declaration to the function that computes it (``registry.py``).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-Op = Literal["<=", ">=", "==", "<", ">"]
+from harness.catalog import Op
+from harness.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,8 @@ CheckFn = Callable[[Mapping[str, Any], Params], Check]
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """A registered check: its function, documented defaults, unit and comparison."""
+    """A registered check: its function, documented defaults, unit and comparison.
+    ``fn(scenario, params)`` runs ``impl(scenario, Result(spec, params))``."""
 
     id: str
     fn: CheckFn
@@ -59,6 +65,7 @@ class CheckSpec:
     op: Op
     defaults: Mapping[str, Any] = field(default_factory=dict)
     summary: str = ""
+    impl: Callable[[Mapping[str, Any], Result], Check] | None = None
 
 
 class Result:
@@ -115,3 +122,33 @@ class Result:
             detail=reason,
             skipped=reason,
         )
+
+
+@dataclass(frozen=True)
+class ValidityParams:
+    """The limits of a valid run: the checklist's ``[validity]`` table (docs/checks.md)."""
+
+    loadgen_max_pct: float = 90.0  # Locust's own warning level
+    loadgen_sustain_s: float = 5.0  # a single hot tick is not saturation
+    lag_max_fraction: float = 0.1  # dispatch lag p99 vs the SLO
+    default_slo_ms: float = 200.0  # when the scenario judges no p99
+    max_missed_frac: float = 0.05
+    max_gap_intervals: float = 5.0
+    min_coverage: float = 0.9  # the sampler's first..last sample against the run
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:
+        m = m or {}
+        names = {f.name for f in fields(cls)}
+        unknown = set(m) - names
+        if unknown:
+            raise ConfigError(
+                f"checklist [validity] has unknown parameter(s) {sorted(unknown)}. "
+                f"Valid parameters: {', '.join(sorted(names))}."
+            )
+        for k, val in m.items():
+            if isinstance(val, bool) or not isinstance(val, (int, float)):
+                raise ConfigError(
+                    f"checklist [validity] parameter '{k}' has value {val!r}. Not a valid number."
+                )
+        return cls(**{k: float(val) for k, val in m.items()})

@@ -24,19 +24,7 @@ from harness.analysis.recovery import (
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
-from harness.checks.registry import register
-
-RECOVERY_DEFAULTS: Mapping[str, Any] = {
-    "threshold": 10.0,  # seconds
-    "factor": 2.0,  # band = baseline p99 x factor ...
-    "margin_ms": 10.0,  # ... but never tighter than baseline + margin
-    "hold_s": 5.0,  # must stay in band this long
-    "error_factor": 2.0,  # error-rate band = baseline error rate x factor ...
-    "error_margin": 0.01,  # ... but never tighter than baseline + margin
-    "smooth_windows": 3,  # rolling median over windows before judging
-    "discard_s": 2.0,  # skip the start of the baseline
-    "class_name": "",  # "" = worst class per window
-}
+from harness.checks.registry import implements
 
 
 def smooth(values: Sequence[float | None], k: int) -> list[float | None]:
@@ -158,13 +146,7 @@ def _rate(s: Mapping[str, Any]) -> float:
     return float(s.get("rate_rps") or s.get("users") or 0.0)
 
 
-@register(
-    "spike.recovery_s",
-    unit="s",
-    op="<=",
-    defaults={**RECOVERY_DEFAULTS, "baseline_stage": "", "event_stage": ""},
-    summary="time after the spike until windowed p99 is back within the baseline band",
-)
+@implements("spike.recovery_s")
 def spike_recovery(result: Mapping[str, Any], r: Result) -> Check:
     stages = d.stages(result)
     if len(stages) < 2:
@@ -186,16 +168,6 @@ def spike_recovery(result: Mapping[str, Any], r: Result) -> Check:
         float(event["end_s"]),
         [(float(base["start_s"]) + _discard(base, r), float(base["end_s"]))],
     )
-
-
-FAIL_FAST_DEFAULTS: Mapping[str, Any] = {
-    "threshold": 0.9,  # share of failures that are quick 503/429
-    "max_reject_p50_ms": 1000.0,  # and the failures themselves must be quick
-    "min_failures": 10,
-    "count_dropped_as_slow": True,
-    # requests sent up to this long after the overload still meet its backlog
-    "tail_s": 5.0,
-}
 
 
 def _errors_in(w: d.Windows, spans: Sequence[tuple[float, float]]) -> tuple[dict[str, int], int]:
@@ -269,13 +241,7 @@ def _fail_fast(
     return r.judged(round(share, 4), passed, detail, n=judged)
 
 
-@register(
-    "spike.fail_fast",
-    unit="ratio",
-    op=">=",
-    defaults={**FAIL_FAST_DEFAULTS, "event_stage": ""},
-    summary="overload answered by quick 503/429, not timeouts/resets",
-)
+@implements("spike.fail_fast")
 def spike_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     stages = d.stages(result)
     event = (
@@ -369,13 +335,7 @@ def _last_hog(result: Mapping[str, Any]) -> tuple[float, float] | None:
     return max(runs, key=lambda x: x[1]) if runs else None
 
 
-@register(
-    "contention.throughput_ratio",
-    unit="x",
-    op=">=",
-    defaults={"threshold": 0.4, "discard_s": 3.0, "min_windows": 3},
-    summary="median ok throughput with CPU hogs vs without",
-)
+@implements("contention.throughput_ratio")
 def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
     blocks = contention_blocks(result, r)
     if not blocks["hog"] and _hogs_planned(result):
@@ -417,13 +377,7 @@ def contention_throughput(result: Mapping[str, Any], r: Result) -> Check:
     return r.judged(round(tp.ratio, 4), ok, detail, n=tp.n_test + tp.n_baseline)
 
 
-@register(
-    "contention.fail_fast",
-    unit="ratio",
-    op=">=",
-    defaults=dict(FAIL_FAST_DEFAULTS),
-    summary="failures while CPU is taken away are quick 503/429",
-)
+@implements("contention.fail_fast")
 def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     blocks = contention_blocks(result, None)  # every failure in a hog block counts
     if not blocks["hog"] and _hogs_planned(result):
@@ -441,13 +395,7 @@ def contention_fail_fast(result: Mapping[str, Any], r: Result) -> Check:
     return _fail_fast(r, result, errors, dropped, where)
 
 
-@register(
-    "contention.recovery_s",
-    unit="s",
-    op="<=",
-    defaults=dict(RECOVERY_DEFAULTS),
-    summary="time after the CPU hogs stop until p99 is back within the baseline band",
-)
+@implements("contention.recovery_s")
 def contention_recovery(result: Mapping[str, Any], r: Result) -> Check:
     blocks = contention_blocks(result, r)
     last = _last_hog(result)

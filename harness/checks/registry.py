@@ -1,43 +1,101 @@
-"""The check registry, parameter layering, the checklist TOML and ``evaluate``.
+"""The check registry: one function per declared check, and parameter layering.
+
+What a check *is* (id, unit, op, defaults, summary) is declared once in
+``harness.catalog``; a check module attaches the function that computes it with
+``@implements(check_id)``. ``harness.checks`` imports every check module and then
+``REGISTRY.verify()``: a declaration without a function, a function without a
+declaration, or two functions for one check stop the import with the id named.
 
 Parameters flow one way: a check's documented defaults ← the scenario's ``[checks]``
-table (copied into the result as ``check_config``) ← the checklist TOML. Unknown check
-ids or parameter names are a ConfigError naming what is valid.
+table (copied into the result as ``check_config``) ← the checklist TOML
+(``load_checklist``). Unknown check ids or parameter names are a ConfigError naming what
+is valid. Running the checks of a scenario is ``harness.checks.engine``'s job.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.checks.model import Check, CheckFn, CheckSpec, Op, Result
+from harness.catalog import CATALOG, Catalog, CheckDecl
+from harness.checks.model import Check, CheckFn, CheckSpec, Result, ValidityParams
 from harness.errors import ConfigError
 
-# Filled by the @register decorators of the check modules, imported in __init__.
-REGISTRY: dict[str, CheckSpec] = {}
+Impl = Callable[[Mapping[str, Any], Result], Check]
 
 # Every check understands these, besides its own defaults.
 COMMON_PARAMS: Mapping[str, Any] = {"enabled": True}
 
 
-def register(
-    check_id: str, *, unit: str, op: Op, defaults: Mapping[str, Any], summary: str
-) -> Callable[[Callable[[Mapping[str, Any], Result], Check]], CheckFn]:
-    """Register ``fn(scenario_result, result_builder) -> Check`` under ``check_id``."""
+class Registry(Mapping[str, CheckSpec]):
+    """The implemented checks of one catalog, by id, in the catalog's order."""
 
-    def wrap(fn: Callable[[Mapping[str, Any], Result], Check]) -> CheckFn:
-        if check_id in REGISTRY:
-            raise RuntimeError(f"check {check_id!r} registered twice")
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._specs: dict[str, CheckSpec] = {}
 
-        def run(scenario: Mapping[str, Any], params: Mapping[str, Any]) -> Check:
-            return fn(scenario, Result(REGISTRY[check_id], params))
+    def implements(self, check_id: str) -> Callable[[Impl], CheckFn]:
+        """Attach ``fn(scenario_result, result_builder) -> Check`` to the declaration of
+        ``check_id``; returns ``run(scenario_result, params) -> Check``."""
+        if check_id not in self.catalog:
+            raise RuntimeError(
+                f"check {check_id!r} is implemented but not declared: add its declaration "
+                "to harness/catalog/__init__.py"
+            )
 
-        REGISTRY[check_id] = CheckSpec(check_id, run, unit, op, dict(defaults), summary)
-        return run
+        def attach(fn: Impl) -> CheckFn:
+            if check_id in self._specs:
+                raise RuntimeError(f"check {check_id!r} is implemented twice")
+            self._specs[check_id] = _spec(self.catalog[check_id], fn)
+            return self._specs[check_id].fn
 
-    return wrap
+        return attach
+
+    def verify(self) -> None:
+        """Every declared check has its function (each function's declaration and
+        uniqueness are checked when it is attached)."""
+        missing = [cid for cid in self.catalog.ids if cid not in self._specs]
+        if missing:
+            raise RuntimeError(
+                f"checks declared in harness/catalog but not implemented: {missing}; write "
+                "each one's function with @implements(id) in a module harness.checks imports"
+            )
+
+    def extended(self, decl: CheckDecl) -> Registry:
+        """A new registry over this catalog plus ``decl``, with this one's functions
+        (for trying a check without touching the global registry)."""
+        other = Registry(self.catalog.with_check(decl))
+        for cid, spec in self._specs.items():
+            other._specs[cid] = _spec(other.catalog[cid], spec.impl)
+        return other
+
+    def __getitem__(self, check_id: str) -> CheckSpec:
+        return self._specs[check_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return (cid for cid in self.catalog.ids if cid in self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def _spec(decl: CheckDecl, fn: Impl) -> CheckSpec:
+    def run(scenario: Mapping[str, Any], params: Mapping[str, Any]) -> Check:
+        return fn(scenario, Result(spec, params))
+
+    spec = CheckSpec(decl.id, run, decl.unit, decl.op, dict(decl.defaults), decl.summary, fn)
+    return spec
+
+
+# The checks of harness.catalog; filled by the @implements of the check modules.
+REGISTRY = Registry(CATALOG)
+
+
+def implements(check_id: str) -> Callable[[Impl], CheckFn]:
+    """``@implements("steady.p99_ms")``: this function computes that declared check."""
+    return REGISTRY.implements(check_id)
 
 
 def _check_value(check_id: str, key: str, value: Any, default: Any, where: str) -> Any:
@@ -120,8 +178,6 @@ def load_checklist(path: str | Path) -> dict[str, dict[str, Any]]:
     for cid, params in table.items():
         if cid == "validity":
             # the run-validity limits live next to the checks (see docs/checks.md)
-            from harness.checks.engine import ValidityParams
-
             ValidityParams.from_mapping(params)
             out[cid] = dict(params)
         else:

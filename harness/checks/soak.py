@@ -19,26 +19,10 @@ from harness.analysis.trend import (
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
-from harness.checks.registry import register, resolve_params
+from harness.checks.registry import implements, resolve_params
 
 MIB = 1024.0 * 1024.0
 
-TREND_DEFAULTS: Mapping[str, Any] = {
-    "warmup_frac": 0.25,
-    "warmup_min_s": 0.0,
-    "bucket_s": 0.0,  # 0 = automatic (span / 20, between one sample and 60 s)
-    "min_buckets": 8,
-    "alpha": 0.01,
-    "ci": 0.90,
-    "second_half_ratio": 0.5,
-    # An inconclusive trend (significant growth above the threshold that the other
-    # conditions could not confirm) is a skip in a quick run — the soak was too short to
-    # tell — and a failure in a full run, whose job is to tell. ``inconclusive_fails``
-    # makes it fail in every mode; ``inconclusive_fails_full = false`` lets a full run
-    # skip it again. (Two booleans, because a parameter's type is its default's.)
-    "inconclusive_fails": False,
-    "inconclusive_fails_full": True,
-}
 
 # The server series each soak check reads (``rss_trend`` reads the one its ``series``
 # parameter names): listed but missing, the run cannot judge what it was asked to.
@@ -174,13 +158,7 @@ def _trend_verdict(
     )
 
 
-@register(
-    "soak.rss_trend",
-    unit="MiB/min",
-    op="<=",
-    defaults={"threshold": 1.0, "series": "rss_bytes", **TREND_DEFAULTS},
-    summary="memory leak detector (Theil–Sen slope + Mann–Kendall, warm-up excluded)",
-)
+@implements("soak.rss_trend")
 def rss_trend(result: Mapping[str, Any], r: Result) -> Check:
     return _trend_check(
         result,
@@ -195,13 +173,7 @@ def rss_trend(result: Mapping[str, Any], r: Result) -> Check:
     )
 
 
-@register(
-    "soak.threads_trend",
-    unit="threads/min",
-    op="<=",
-    defaults={"threshold": 0.5, **TREND_DEFAULTS},
-    summary="thread leak detector (trend test + last third above middle third)",
-)
+@implements("soak.threads_trend")
 def threads_trend(result: Mapping[str, Any], r: Result) -> Check:
     return _trend_check(
         result,
@@ -216,13 +188,7 @@ def threads_trend(result: Mapping[str, Any], r: Result) -> Check:
     )
 
 
-@register(
-    "soak.fds_trend",
-    unit="fds/min",
-    op="<=",
-    defaults={"threshold": 0.5, **TREND_DEFAULTS},
-    summary="file-descriptor leak detector (trend test + last third above middle third)",
-)
+@implements("soak.fds_trend")
 def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
     series = (result.get("server") or {}).get("series") or {}
     fds, sockets = series.get("fds") or [], series.get("socket_fds") or []
@@ -272,20 +238,7 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
     return dataclasses.replace(check, detail=f"{check.detail} [{rest}]") if rest else check
 
 
-@register(
-    "soak.latency_drift",
-    unit="x",
-    op="<=",
-    defaults={
-        "threshold": 2.0,
-        "warmup_frac": 0.25,
-        "min_excess_ms": 5.0,
-        "min_windows": 3,
-        "alpha": 0.01,
-        "buckets": 20,
-    },
-    summary="p99 trend over the soak: fitted end vs fitted start (after the warm-up)",
-)
+@implements("soak.latency_drift")
 def latency_drift(result: Mapping[str, Any], r: Result) -> Check:
     w = d.windows(result)
     if w is None:

@@ -13,32 +13,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
+# The valid [checks] ids, declared with their checks in harness.catalog (re-exported).
+from harness.catalog import CHECK_IDS as CHECK_IDS
 from harness.errors import ConfigError
 from harness.load.arrivals import Segment
-
-# The check ids (docs/checks.md). Stable: results, checklists and scenario files refer to these ids.
-CHECK_IDS: tuple[str, ...] = (
-    "cold_start.time_to_ready_s",
-    "cold_start.first_p99_ratio",
-    "cold_start.first_error_rate",
-    "steady.p99_ms",
-    "steady.error_rate",
-    "steady.throughput",
-    "spike.recovery_s",
-    "spike.fail_fast",
-    "priority.high_p99_ms",
-    "priority.high_reject_rate",
-    "soak.rss_trend",
-    "soak.threads_trend",
-    "soak.fds_trend",
-    "soak.latency_drift",
-    "linearity.efficiency",
-    "integrity.mismatches",
-    "contention.throughput_ratio",
-    "contention.fail_fast",
-    "contention.recovery_s",
-    "accounting.balanced",
-)
 
 LOAD_MODES = ("open", "closed")
 ARRIVALS = ("constant", "poisson")

@@ -1,0 +1,383 @@
+"""The check catalog: every check is declared here, once.
+
+A declaration says what a check is — id, group, the scenarios that evaluate it, unit,
+comparison, default parameters, a one-line summary and the README's "passes when" text —
+and nothing about how it is computed. ``harness.checks`` attaches one function to each
+declaration (``@implements("steady.p99_ms")``) and refuses, at import, a declaration
+without a function or a function without a declaration. The load side (which may not
+import the checks, docs/architecture.md) takes the valid ids for scenario files from here.
+
+README.md's check table and docs/checks.md's index are generated from the declarations
+by ``python -m harness.catalog --write`` (``harness.catalog.docs``); a test fails while
+they are stale. Stdlib only, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+Op = Literal["<=", ">=", "==", "<", ">"]
+OPS: tuple[str, ...] = ("<=", ">=", "==", "<", ">")
+
+
+@dataclass(frozen=True)
+class CheckDecl:
+    """One check, as the user sees it. ``passes_when`` is the README cell: a
+    ``str.format`` template over the defaults (``{threshold}`` prints 30.0 as ``30``,
+    ``{threshold:%}`` prints 0.01 as ``1 %``), so a changed default changes the README."""
+
+    id: str
+    unit: str
+    op: Op
+    defaults: Mapping[str, Any]
+    summary: str  # one line: what is measured (docs/checks.md's index)
+    passes_when: str  # README: what passes, with the default limit
+    scenarios: tuple[str, ...] = ()  # the packaged scenarios that evaluate it
+    always: bool = False  # evaluated in every scenario, listed or not
+
+    @property
+    def group(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    def readme_cell(self) -> str:
+        return self.passes_when.format(**{k: Shown(v) for k, v in self.defaults.items()})
+
+
+class Shown:
+    """A default as prose shows it: ``g`` format by default, ``%`` as ``1 %``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __format__(self, spec: str) -> str:
+        if spec == "%":
+            return f"{self.value * 100:g} %"
+        if isinstance(self.value, (int, float)) and not isinstance(self.value, bool):
+            return format(self.value, spec or "g")
+        return format(self.value, spec)
+
+
+class Catalog:
+    """Declarations in checklist order (reports list checks in it): by group, in
+    ``groups`` order, then as declared."""
+
+    def __init__(self, groups: Iterable[str], checks: Iterable[CheckDecl]) -> None:
+        self.groups: tuple[str, ...] = tuple(groups)
+        self._by_id: dict[str, CheckDecl] = {}
+        last = 0
+        for c in checks:
+            where = f"check {c.id!r} (harness/catalog/__init__.py)"
+            if c.id in self._by_id:
+                raise ValueError(f"{where} is declared twice")
+            if c.group not in self.groups:
+                raise ValueError(f"{where}: group {c.group!r} is not one of {self.groups}")
+            if self.groups.index(c.group) < last:
+                raise ValueError(f"{where} is declared after a later group; keep groups together")
+            if c.op not in OPS or "threshold" not in c.defaults or not (c.unit and c.summary):
+                raise ValueError(f"{where} needs an op in {OPS}, a unit, a summary and a threshold")
+            if c.always == bool(c.scenarios):
+                raise ValueError(f"{where}: name its scenarios, or mark it always = True")
+            try:
+                c.readme_cell()  # a placeholder naming no default fails here, not in the docs
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{where}: passes_when names no default: {e}") from None
+            last = self.groups.index(c.group)
+            self._by_id[c.id] = c
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(self._by_id)
+
+    @property
+    def always(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self if c.always)
+
+    def __getitem__(self, check_id: str) -> CheckDecl:
+        return self._by_id[check_id]
+
+    def __contains__(self, check_id: object) -> bool:
+        return check_id in self._by_id
+
+    def __iter__(self) -> Iterator[CheckDecl]:
+        return iter(self._by_id.values())
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def with_check(self, decl: CheckDecl) -> Catalog:
+        """A new catalog with ``decl`` added at the end of its group (a new group last)."""
+        groups = self.groups if decl.group in self.groups else (*self.groups, decl.group)
+        rank = {g: i for i, g in enumerate(groups)}
+        return Catalog(groups, sorted([*self, decl], key=lambda c: rank[c.group]))
+
+
+def _defaults(**kw: Any) -> Mapping[str, Any]:
+    return MappingProxyType(kw)
+
+
+# Parameters shared by several checks (each check's own table in docs/checks.md).
+RECOVERY_DEFAULTS: Mapping[str, Any] = _defaults(
+    threshold=10.0,  # seconds
+    factor=2.0,  # band = baseline p99 x factor ...
+    margin_ms=10.0,  # ... but never tighter than baseline + margin
+    hold_s=5.0,  # must stay in band this long
+    error_factor=2.0,  # error-rate band = baseline error rate x factor ...
+    error_margin=0.01,  # ... but never tighter than baseline + margin
+    smooth_windows=3,  # rolling median over windows before judging
+    discard_s=2.0,  # skip the start of the baseline
+    class_name="",  # "" = worst class per window
+)
+FAIL_FAST_DEFAULTS: Mapping[str, Any] = _defaults(
+    threshold=0.9,  # share of failures that are quick 503/429
+    max_reject_p50_ms=1000.0,  # and the failures themselves must be quick
+    min_failures=10,
+    count_dropped_as_slow=True,
+    # requests sent up to this long after the overload still meet its backlog
+    tail_s=5.0,
+)
+TREND_DEFAULTS: Mapping[str, Any] = _defaults(
+    warmup_frac=0.25,
+    warmup_min_s=0.0,
+    bucket_s=0.0,  # 0 = automatic (span / 20, between one sample and 60 s)
+    min_buckets=8,
+    alpha=0.01,
+    ci=0.90,
+    second_half_ratio=0.5,
+    # An inconclusive trend (significant growth above the threshold that the other
+    # conditions could not confirm) is a skip in a quick run — the soak was too short to
+    # tell — and a failure in a full run, whose job is to tell. ``inconclusive_fails``
+    # makes it fail in every mode; ``inconclusive_fails_full = false`` lets a full run
+    # skip it again. (Two booleans, because a parameter's type is its default's.)
+    inconclusive_fails=False,
+    inconclusive_fails_full=True,
+)
+
+_P99_SLO = "≤ your SLO (packaged: 500 ms)"
+
+CATALOG = Catalog(
+    ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
+    + ("contention", "accounting"),
+    [
+        CheckDecl(
+            "cold_start.time_to_ready_s",
+            unit="s",
+            op="<=",
+            defaults=_defaults(threshold=30.0),
+            summary="process start → readiness endpoint 200",
+            passes_when="process start → `/v2/health/ready` 200 within {threshold} s",
+            scenarios=("cold_start",),
+        ),
+        CheckDecl(
+            "cold_start.first_p99_ratio",
+            unit="x",
+            op="<=",
+            defaults=_defaults(threshold=5.0, min_excess_ms=20.0, min_first=20, steady_stage=""),
+            summary="p99 of the first requests vs steady p99 (warmup works)",
+            passes_when="p99 of the first 100 requests *sent* (a failure counts as slowest) "
+            "≤ {threshold}× the warm p99 (warmup works)",
+            scenarios=("cold_start",),
+        ),
+        CheckDecl(
+            "cold_start.first_error_rate",
+            unit="ratio",
+            op="<=",
+            defaults=_defaults(threshold=0.01, min_first=20),
+            summary="failed (and dropped) share of the first requests sent after readiness",
+            passes_when="≤ {threshold:%} of the first 100 requests sent failed or dropped "
+            "(ready means ready)",
+            scenarios=("cold_start",),
+        ),
+        CheckDecl(
+            "steady.p99_ms",
+            unit="ms",
+            op="<=",
+            defaults=_defaults(threshold=200.0, stage="", confidence=0.99),
+            summary="p99 latency in steady state, failed and dropped requests counted as over "
+            "the SLO (early-stopping sample size)",
+            passes_when=f"p99 over *every* request {_P99_SLO} at 0.6× capacity — a failed, "
+            "timed-out or dropped request counts as over it; enough samples (MLPerf early "
+            "stopping)",
+            scenarios=("steady_state",),
+        ),
+        CheckDecl(
+            "steady.error_rate",
+            unit="ratio",
+            op="<=",
+            defaults=_defaults(threshold=0.01, stage="", include_dropped=True, min_requests=100),
+            summary="failed (and dropped) share of finished requests in steady state",
+            passes_when="≤ {threshold:%} failed",
+            scenarios=("steady_state",),
+        ),
+        CheckDecl(
+            "steady.throughput",
+            unit="req/s",
+            op=">=",
+            defaults=_defaults(threshold=0.0, min_ratio=0.95, stage=""),
+            summary="ok responses per second vs the offered rate (or an absolute floor)",
+            passes_when="≥ {min_ratio:%} of the offered rate served (or an absolute floor you set)",
+            scenarios=("steady_state",),
+        ),
+        CheckDecl(
+            "spike.recovery_s",
+            unit="s",
+            op="<=",
+            defaults=_defaults(**RECOVERY_DEFAULTS, baseline_stage="", event_stage=""),
+            summary="time after the spike until windowed p99 is back within the baseline band",
+            passes_when="windowed p99 *and* error rate back within their baseline bands "
+            "≤ {threshold} s after a 2× spike (not judged if the spike disturbed neither)",
+            scenarios=("spike",),
+        ),
+        CheckDecl(
+            "spike.fail_fast",
+            unit="ratio",
+            op=">=",
+            defaults=_defaults(**FAIL_FAST_DEFAULTS, event_stage=""),
+            summary="overload answered by quick 503/429, not timeouts/resets",
+            passes_when="≥ {threshold:%} of overload failures are quick 503/429, not timeouts",
+            scenarios=("spike",),
+        ),
+        CheckDecl(
+            "priority.high_p99_ms",
+            unit="ms",
+            op="<=",
+            defaults=_defaults(
+                threshold=200.0,
+                class_name="",
+                stage="",
+                confidence=0.99,
+                min_other_reject_rate=0.01,
+            ),
+            summary="p99 of the high-priority class above capacity",
+            passes_when="high-priority p99 over every request (failures count as over) "
+            f"{_P99_SLO} while the server is at 1.5× capacity",
+            scenarios=("mixed_priority",),
+        ),
+        CheckDecl(
+            "priority.high_reject_rate",
+            unit="ratio",
+            op="<=",
+            defaults=_defaults(
+                threshold=0.05,
+                class_name="",
+                stage="",
+                min_requests=100,
+                min_other_reject_rate=0.01,
+                slo_ms=200.0,
+            ),
+            summary="failed share of high-priority requests above capacity",
+            passes_when="≤ {threshold:%} of high-priority requests rejected above capacity",
+            scenarios=("mixed_priority",),
+        ),
+        CheckDecl(
+            "soak.rss_trend",
+            unit="MiB/min",
+            op="<=",
+            defaults=_defaults(threshold=1.0, series="rss_bytes", **TREND_DEFAULTS),
+            summary="memory leak detector (Theil–Sen slope + Mann–Kendall, warm-up excluded)",
+            passes_when="no sustained RSS growth > {threshold} MiB/min (Theil–Sen + Hamed–Rao "
+            "Mann–Kendall, random-walk guard, warm-up excluded; inconclusive fails `--full`)",
+            scenarios=("soak",),
+        ),
+        CheckDecl(
+            "soak.threads_trend",
+            unit="threads/min",
+            op="<=",
+            defaults=_defaults(threshold=0.5, **TREND_DEFAULTS),
+            summary="thread leak detector (trend test + last third above middle third)",
+            passes_when="no thread-count growth > {threshold}/min",
+            scenarios=("soak",),
+        ),
+        CheckDecl(
+            "soak.fds_trend",
+            unit="fds/min",
+            op="<=",
+            defaults=_defaults(threshold=0.5, **TREND_DEFAULTS),
+            summary="file-descriptor leak detector (trend test + last third above middle third)",
+            passes_when="no open-fd growth > {threshold}/min, sockets net of the harness's own "
+            "connections",
+            scenarios=("soak",),
+        ),
+        CheckDecl(
+            "soak.latency_drift",
+            unit="x",
+            op="<=",
+            defaults=_defaults(
+                threshold=2.0,
+                warmup_frac=0.25,
+                min_excess_ms=5.0,
+                min_windows=3,
+                alpha=0.01,
+                buckets=20,
+            ),
+            summary="p99 trend over the soak: fitted end vs fitted start (after the warm-up)",
+            passes_when="p99 trend (fitted end vs start) ≤ {threshold}× or not significant",
+            scenarios=("soak",),
+        ),
+        CheckDecl(
+            "linearity.efficiency",
+            unit="ratio",
+            op=">=",
+            defaults=_defaults(threshold=0.75, max_n=0, min_replicates=1),
+            summary="X(N)/(N·X(1)) for N up to the cores available to the server, with a USL fit",
+            passes_when="X(N)/(N·X(1)) ≥ {threshold} for N up to the server's cores (USL fit "
+            "reported)",
+            scenarios=("linearity",),
+        ),
+        CheckDecl(
+            "integrity.mismatches",
+            unit="responses",
+            op="<=",
+            defaults=_defaults(threshold=0, nondeterministic=False, min_checked=300),
+            summary="responses that do not belong to their request, or drifted from it (must be 0)",
+            passes_when="{threshold} responses that belong to another request or drift beyond "
+            "tolerance (every response verified; `nondeterministic = true` reports drift "
+            "without failing)",
+            scenarios=("integrity",),
+        ),
+        CheckDecl(
+            "contention.throughput_ratio",
+            unit="x",
+            op=">=",
+            defaults=_defaults(threshold=0.4, discard_s=3.0, min_windows=3),
+            summary="median ok throughput with CPU hogs vs without",
+            passes_when="≥ {threshold}× throughput while CPU hogs take the server's cores",
+            scenarios=("contention",),
+        ),
+        CheckDecl(
+            "contention.fail_fast",
+            unit="ratio",
+            op=">=",
+            defaults=FAIL_FAST_DEFAULTS,
+            summary="failures while CPU is taken away are quick 503/429",
+            passes_when="≥ {threshold:%} of failures under contention are quick 503/429",
+            scenarios=("contention",),
+        ),
+        CheckDecl(
+            "contention.recovery_s",
+            unit="s",
+            op="<=",
+            defaults=RECOVERY_DEFAULTS,
+            summary="time after the CPU hogs stop until p99 is back within the baseline band",
+            passes_when="p99 and error rate back within their baseline bands ≤ {threshold} s "
+            "after the hogs stop (hogs that did not apply make the run invalid)",
+            scenarios=("contention",),
+        ),
+        CheckDecl(
+            "accounting.balanced",
+            unit="requests",
+            op="==",
+            defaults=_defaults(threshold=0),
+            summary="every scheduled request accounted for (ok + failed + dropped + in flight)",
+            passes_when="scheduled = ok + failed + dropped + in flight",
+            always=True,
+        ),
+    ],
+)
+
+# Stable: results, checklists and scenario files refer to these ids.
+CHECK_IDS: tuple[str, ...] = CATALOG.ids
+
+__all__ = ["CATALOG", "CHECK_IDS", "OPS", "Catalog", "CheckDecl", "Op", "Shown"]
