@@ -7,11 +7,10 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from scipy.stats import binom
 
+from harness.analysis.hdr import decode, merge
 from harness.analysis.percentiles import (
     count_above_ms,
-    decode,
     early_stopping_min_n,
-    merge,
     nearest_rank,
     percentile_ci,
     percentile_ms,

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness.analysis.hdr import decode
 from harness.analysis.percentiles import (
     early_stopping_min_n,
     percentile_ms,
@@ -29,7 +30,7 @@ from harness.analysis.percentiles import (
 from harness.checks import REGISTRY, resolve_params
 from harness.checks._data import fmt
 from harness.errors import ConfigError
-from harness.load.recording import Recording, decode
+from harness.load.recording import Recording
 from reference_server.errors import ConfigError as ServerConfigError
 from reference_server.faults import parse_faults
 from tests.server_fixtures import infer_body

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from harness.load.recording import Recording, counters_view, decode, new_histogram, percentiles_ms
+from harness.analysis.hdr import decode, new_histogram, summary_ms
+from harness.load.recording import Recording, counters_view
 
 
 def _latencies(seed: int, n: int) -> list[int]:
@@ -129,7 +130,7 @@ def test_first_requests_capped_across_drains() -> None:
 
 
 def test_percentiles_of_empty_and_decode_roundtrip() -> None:
-    assert percentiles_ms(new_histogram())["p99_ms"] is None
+    assert summary_ms(new_histogram())["p99_ms"] is None
     h = new_histogram()
     for v in range(1, 1001):
         h.record_value(v)

@@ -1,8 +1,8 @@
 """Percentiles from HDR histograms, with their sample size and confidence.
 
-Histograms are ``HdrHistogram(1 µs, 60 s, 3 significant digits)`` holding microseconds,
-stored in results as ``encode()`` strings. Percentiles are nearest-rank over the recorded
-counts, so a p99 always names a latency some request really had (to HDR precision).
+Histograms, their codec and the percentile rule (nearest rank over the recorded counts,
+so a p99 always names a latency some request really had, to HDR precision) are
+``harness.analysis.hdr``'s; this module adds what a percentile is worth.
 
 Two kinds of confidence:
 
@@ -25,7 +25,6 @@ goodput, view), so a server cannot pass a p99 by failing its slowest requests.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,67 +32,14 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 from scipy.stats import binom
 
-LOWEST_US = 1
-HIGHEST_US = 60_000_000
-SIGNIFICANT_DIGITS = 3
-
-
-def new_histogram() -> HdrHistogram:
-    """An empty histogram with the project's fixed range (1 µs – 60 s, 3 digits)."""
-    return HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS)
-
-
-def decode(encoded: str | bytes) -> HdrHistogram:
-    """Decode one ``encode()`` string (str as stored in JSON, or bytes)."""
-    if isinstance(encoded, str):
-        encoded = encoded.encode("ascii")
-    return HdrHistogram.decode(encoded)
-
-
-def merge(encoded: Iterable[str | bytes | HdrHistogram | None]) -> HdrHistogram:
-    """Merge histograms exactly (never average percentiles across histograms).
-
-    ``None`` entries (a class with no ok response) are skipped; the result may be empty.
-    """
-    total = new_histogram()
-    for item in encoded:
-        if item is None:
-            continue
-        total.add(item if isinstance(item, HdrHistogram) else decode(item))
-    return total
-
-
-def _cumulative(hist: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct recorded values (µs, highest equivalent) and cumulative counts."""
-    values: list[int] = []
-    cum: list[int] = []
-    for item in hist.get_recorded_iterator():
-        values.append(item.value_iterated_to)
-        cum.append(item.total_count_to_this_value)
-    return np.asarray(values, dtype=np.int64), np.asarray(cum, dtype=np.int64)
-
-
-def value_at_rank_us(hist: HdrHistogram, rank: int) -> int:
-    """The ``rank``-th smallest recorded value (1-based), in µs."""
-    values, cum = _cumulative(hist)
-    n = int(cum[-1]) if len(cum) else 0
-    if not 1 <= rank <= n:
-        raise ValueError(f"rank {rank} outside 1..{n}")
-    return int(values[int(np.searchsorted(cum, rank, side="left"))])
-
-
-def nearest_rank(n: int, q: float) -> int:
-    """Nearest-rank index (1-based) of quantile ``q`` (0 < q < 1) among ``n`` samples."""
-    # the small epsilon keeps 0.99 * 1000 from becoming 991 through float error
-    return min(n, max(1, math.ceil(q * n - 1e-9)))
-
-
-def percentile_ms(hist: HdrHistogram, percentile: float) -> float | None:
-    """The ``percentile`` (0–100) in milliseconds, or None for an empty histogram."""
-    n = hist.get_total_count()
-    if n == 0:
-        return None
-    return value_at_rank_us(hist, nearest_rank(n, percentile / 100.0)) / 1000.0
+# new_histogram is re-exported: checks build their empty histograms from here.
+from harness.analysis.hdr import (  # noqa: F401
+    cumulative,
+    nearest_rank,
+    new_histogram,
+    percentile_ms,
+    value_at_rank_us,
+)
 
 
 def percentile_with_failures_ms(hist: HdrHistogram, percentile: float, failed: int) -> float | None:
@@ -117,10 +63,10 @@ def percentile_with_failures_ms(hist: HdrHistogram, percentile: float, failed: i
 
 def count_above_ms(hist: HdrHistogram, limit_ms: float) -> int:
     """How many recorded values exceed ``limit_ms`` (to HDR precision)."""
-    values, cum = _cumulative(hist)
-    if not len(values):
+    values, cum = cumulative(hist)
+    if not values:
         return 0
-    idx = int(np.searchsorted(values, limit_ms * 1000.0, side="right"))
+    idx = int(np.searchsorted(np.asarray(values), limit_ms * 1000.0, side="right"))
     at_or_below = int(cum[idx - 1]) if idx > 0 else 0
     return int(cum[-1]) - at_or_below
 

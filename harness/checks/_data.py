@@ -1,35 +1,30 @@
-"""Read the pieces of a scenario result the checks need (docs/architecture.md shape)."""
+"""Read the pieces of a scenario result the checks need.
+
+The generic readers (stages, counters, the merged latency histogram, window rows) and the
+histogram codec are ``harness.results``'s, shared with the reports; what is here is the
+checks' own view on top of them (the protected class, per-window merges, number format).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from harness.analysis.percentiles import decode, merge
+from harness.results import hdr, records
 
-ZERO_COUNTERS: Mapping[str, Any] = {
-    "scheduled": 0,
-    "ok": 0,
-    "dropped": 0,
-    "in_flight": 0,
-    "failed": {},
-}
-
-
-def stages(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return list(result.get("stages") or [])
-
-
-def stage(result: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    return next((s for s in stages(result) if s.get("name") == name), None)
-
-
-def class_names(result: Mapping[str, Any]) -> list[str]:
-    return sorted((result.get("by_class") or {}).keys() | (result.get("classes") or {}).keys())
+# The checks call these as ``d.<name>``; they are the results package's readers.
+ZERO_COUNTERS = records.ZERO_COUNTERS
+stages = records.stages
+stage = records.stage
+class_names = records.class_names
+histogram = records.latency
+add_counters = records.add_counters
+counters = records.counters
+failed_total = records.failed_total
 
 
 def high_class(result: Mapping[str, Any]) -> str | None:
@@ -46,71 +41,10 @@ def high_class(result: Mapping[str, Any]) -> str | None:
     return ranked[0][1] if ranked else None
 
 
-def histogram(
-    result: Mapping[str, Any],
-    *,
-    stage_names: Sequence[str] | None = None,
-    classes: Sequence[str] | None = None,
-) -> HdrHistogram:
-    """Ok-response latencies merged over ``classes`` (all if None), from ``by_stage`` when
-    ``stage_names`` is given, else from ``by_class`` (whole run)."""
-    if stage_names:
-        by_stage = result.get("by_stage") or {}
-        encoded = [
-            entry.get("latency_hdr")
-            for s in stage_names
-            for cls, entry in (by_stage.get(s) or {}).items()
-            if classes is None or cls in classes
-        ]
-    else:
-        encoded = [
-            entry.get("latency_hdr")
-            for cls, entry in (result.get("by_class") or {}).items()
-            if classes is None or cls in classes
-        ]
-    return merge(encoded)
-
-
 def optional_hist(encoded: str | None) -> HdrHistogram | None:
-    return decode(encoded) if encoded else None
-
-
-def add_counters(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    total: dict[str, Any] = {"scheduled": 0, "ok": 0, "dropped": 0, "in_flight": 0, "failed": {}}
-    for c in items:
-        for k in ("scheduled", "ok", "dropped", "in_flight"):
-            total[k] += int(c.get(k) or 0)
-        for kind, v in (c.get("failed") or {}).items():
-            total["failed"][kind] = total["failed"].get(kind, 0) + int(v)
-    return total
-
-
-def counters(
-    result: Mapping[str, Any],
-    *,
-    stage_names: Sequence[str] | None = None,
-    classes: Sequence[str] | None = None,
-) -> dict[str, Any] | None:
-    """Counters for the whole run, some stages and/or some classes; None if not recorded."""
-    if stage_names:
-        by_stage = result.get("by_stage") or {}
-        found = [
-            entry.get("counters") or ZERO_COUNTERS
-            for s in stage_names
-            for cls, entry in (by_stage.get(s) or {}).items()
-            if classes is None or cls in classes
-        ]
-        return add_counters(found) if found else None
-    if classes is not None:
-        by_class = result.get("by_class") or {}
-        found = [by_class[c].get("counters") or ZERO_COUNTERS for c in classes if c in by_class]
-        return add_counters(found) if found else None
-    c = result.get("counters")
-    return add_counters([c]) if c else None
-
-
-def failed_total(c: Mapping[str, Any]) -> int:
-    return sum(int(v) for v in (c.get("failed") or {}).values())
+    """The decoded histogram, or None when nothing was recorded (absent or empty)."""
+    h = hdr.decode(encoded)
+    return h if h.get_total_count() else None
 
 
 @dataclass(frozen=True)
@@ -127,8 +61,7 @@ class Windows:
 
 
 def windows(result: Mapping[str, Any], classes: Sequence[str] | None = None) -> Windows | None:
-    w = result.get("windows") or {}
-    rows = w.get("rows") or []
+    rows, width_s = records.window_rows(result)
     if not rows:
         return None
     per_t: dict[float, list[Mapping[str, Any]]] = {}
@@ -137,7 +70,7 @@ def windows(result: Mapping[str, Any], classes: Sequence[str] | None = None) -> 
             continue
         per_t.setdefault(float(r["t"]), []).append(r)
     ts = sorted(per_t)
-    out = Windows(float(w.get("width_s") or 1.0), ts, [], [], [], [], [])
+    out = Windows(width_s, ts, [], [], [], [], [])
     for t in ts:
         group = per_t[t]
         out.n.append(sum(int(r.get("n") or 0) for r in group))

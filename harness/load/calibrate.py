@@ -20,7 +20,7 @@ import gevent.pool
 from harness.errors import TargetUnavailable
 from harness.load import http
 from harness.load.payloads import PayloadPool, make_id
-from harness.load.recording import new_histogram, percentiles_ms
+from harness.results import hdr
 
 CALIBRATION_SLOT = 0xFFFF  # ids of probe requests never collide with a worker's
 
@@ -58,7 +58,7 @@ def calibrate(
     stop_at = start + duration_s
     counts = {"ok": 0, "errors": 0}
     last_done = [stop_at]
-    hist = new_histogram()
+    hist = hdr.new_histogram()
     seq = iter(range(1 << 40))
 
     def user() -> None:
@@ -100,7 +100,7 @@ def calibrate(
             f"({counts['errors']} errors from {users} users); check the server, or write "
             f"absolute rates (req/s) or load.capacity_rps in the scenario"
         )
-    pct = percentiles_ms(hist)
+    pct = hdr.summary_ms(hist)
     return Calibration(
         capacity_rps=counts["ok"] / measured,
         users=users,

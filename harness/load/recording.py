@@ -3,9 +3,9 @@
 Every request ends in exactly one *outcome*: ``ok``, ``http_<status>``, ``timeout``,
 ``connection``, ``bad_response`` (a 2xx whose body is not a V2 answer), ``cross_wired``,
 ``drift``, ``id_mismatch``, ``cancelled`` or ``dropped`` (never sent: the in-flight cap was reached).
-A ``Recording`` counts outcomes and keeps HDR histograms (µs, 1 µs – 60 s, 3 digits) per
-traffic class, per (stage, class) and per (window, class), windows keyed by the
-*intended* send time. Latencies of ``ok`` requests go to the latency histograms; every
+A ``Recording`` counts outcomes and keeps HDR histograms (the one shape and codec of
+``harness.results.hdr``) per traffic class, per (stage, class) and per (window, class),
+windows keyed by the *intended* send time. Latencies of ``ok`` requests go to the latency histograms; every
 other sent request's time to its answer goes to ``error_latency``.
 
 The first ``first_n`` requests *scheduled* by a process (in intended send order, not the
@@ -30,9 +30,14 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-LOWEST_US = 1
-HIGHEST_US = 60_000_000
-SIGNIFICANT_DIGITS = 3
+from harness.results import hdr
+from harness.results.records import (
+    ClassLatency,
+    Counters,
+    FirstRequests,
+    WindowRow,
+    window_percentiles,
+)
 
 # Outcomes that are not a served answer; "dropped" is kept apart (never sent).
 FIXED_FAILURES = (
@@ -48,44 +53,6 @@ INTEGRITY_KINDS = ("cross_wired", "drift", "id_mismatch")
 MAX_EXAMPLES_PER_KIND = 5
 
 
-def new_histogram() -> HdrHistogram:
-    """The one histogram shape used everywhere (µs, 1 µs – 60 s, 3 significant digits)."""
-    return HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS)
-
-
-def clamp_us(value_us: float) -> int:
-    """Histogram value for a duration in µs: at least 1, at most the top of the range."""
-    return min(max(int(value_us), LOWEST_US), HIGHEST_US)
-
-
-def decode(encoded: str | None) -> HdrHistogram:
-    """A histogram from an ``encode()`` string (an empty one for None)."""
-    h = new_histogram()
-    if encoded:
-        h.decode_and_add(encoded)
-    return h
-
-
-def encode(h: HdrHistogram | None) -> str | None:
-    """base64 text of a non-empty histogram (hdrh returns bytes), else None."""
-    if h is None or not h.get_total_count():
-        return None
-    blob = h.encode()
-    return blob.decode("ascii") if isinstance(blob, bytes) else blob
-
-
-def percentiles_ms(h: HdrHistogram) -> dict[str, float | None]:
-    """p50/p90/p99/max in ms of a histogram, None when it is empty."""
-    if not h.get_total_count():
-        return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None}
-    return {
-        "p50_ms": h.get_value_at_percentile(50) / 1000.0,
-        "p90_ms": h.get_value_at_percentile(90) / 1000.0,
-        "p99_ms": h.get_value_at_percentile(99) / 1000.0,
-        "max_ms": h.get_max_value() / 1000.0,
-    }
-
-
 class Cell:
     """Outcome counters plus the latency histogram of ``ok`` answers, for one bucket."""
 
@@ -97,41 +64,41 @@ class Cell:
 
     def record_ok(self, latency_us: int) -> None:
         if self.hdr is None:
-            self.hdr = new_histogram()
+            self.hdr = hdr.new_histogram()
         self.hdr.record_value(latency_us)
 
     def encode(self) -> dict[str, Any]:
-        return {"c": dict(self.counts), "h": encode(self.hdr)}
+        return {"c": dict(self.counts), "h": hdr.encode(self.hdr)}
 
     def add(self, data: Mapping[str, Any]) -> None:
         self.counts.update(data.get("c") or {})
         if data.get("h"):
             if self.hdr is None:
-                self.hdr = new_histogram()
-            self.hdr.decode_and_add(data["h"])
+                self.hdr = hdr.new_histogram()
+            self.hdr.add(hdr.decode(data["h"]))
 
     def add_cell(self, other: Cell) -> None:
         self.counts.update(other.counts)
         if other.hdr is not None and other.hdr.get_total_count():
             if self.hdr is None:
-                self.hdr = new_histogram()
+                self.hdr = hdr.new_histogram()
             self.hdr.add(other.hdr)
 
 
-def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> dict[str, Any]:
-    """The results-document shape of outcome counters (``failed`` broken down by kind)."""
+def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> Counters:
+    """The results-document record of outcome counters (``failed`` broken down by kind)."""
     failed = {k: 0 for k in ("http_503", "http_500", *FIXED_FAILURES)}
     for key, value in counts.items():
         if key.startswith("http_") or key in FIXED_FAILURES:
             failed[key] = failed.get(key, 0) + int(value)
-    return {
-        "scheduled": int(counts.get("scheduled", 0)),
-        "ok": int(counts.get("ok", 0)),
-        "dropped": int(counts.get("dropped", 0)),
-        "in_flight": int(in_flight),
-        "failed": dict(sorted(failed.items())),
-        "failed_total": sum(failed.values()),
-    }
+    return Counters(
+        scheduled=int(counts.get("scheduled", 0)),
+        ok=int(counts.get("ok", 0)),
+        dropped=int(counts.get("dropped", 0)),
+        in_flight=int(in_flight),
+        failed=dict(sorted(failed.items())),
+        failed_total=sum(failed.values()),
+    )
 
 
 class Recording:
@@ -149,9 +116,9 @@ class Recording:
         self.classes: dict[str, Cell] = {}
         self.stages: dict[str, dict[str, Cell]] = {}
         self.windows: dict[int, dict[str, Cell]] = {}
-        self.dispatch_lag = new_histogram()
-        self.error_latency = new_histogram()
-        self.first = new_histogram()
+        self.dispatch_lag = hdr.new_histogram()
+        self.error_latency = hdr.new_histogram()
+        self.first = hdr.new_histogram()
         # the first requests: outcomes as counters (like a Cell's), and which are still out
         self.first_counts: Counter[str] = Counter()
         self._first_marked = 0  # first requests marked so far; first_n caps it for good
@@ -164,7 +131,7 @@ class Recording:
         self.in_flight_final = 0
         self.in_flight_final_by: Counter[tuple[str, str]] = Counter()
         # master side: summarised window rows and each source's completeness watermark
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[WindowRow] = []
         self._watermarks: dict[str, int] = {}
         self._summarised_through = 0
         self.by_source: Counter[str] = Counter()  # master: requests scheduled per worker
@@ -227,7 +194,7 @@ class Recording:
         self.in_flight_by_window[int(t // self.window_s) if t > 0 else 0] += 1
         self.in_flight_by_cell[(cls, stage)] += 1
         if lag_us is not None:
-            self.dispatch_lag.record_value(clamp_us(lag_us))
+            self.dispatch_lag.record_value(hdr.clamp_us(lag_us))
 
     def dropped(self, cls: str, stage: str, t: float) -> None:
         if self.closed:
@@ -253,7 +220,7 @@ class Recording:
             self.in_flight_by_cell[key] = left
         else:
             self.in_flight_by_cell.pop(key, None)
-        value = clamp_us(latency_us)
+        value = hdr.clamp_us(latency_us)
         cells = self._cells(cls, stage, t)
         for cell in cells:
             cell.counts[outcome] += 1
@@ -307,9 +274,9 @@ class Recording:
             },
             "windows": windows,
             "complete_through": None if final else complete,
-            "lag": encode(self.dispatch_lag),
-            "err": encode(self.error_latency),
-            "first": encode(self.first),
+            "lag": hdr.encode(self.dispatch_lag),
+            "err": hdr.encode(self.error_latency),
+            "first": hdr.encode(self.first),
             "first_c": dict(self.first_counts),
             "first_in_flight": sum(self._first_pending.values()) if final else 0,
             "integrity": dict(self.integrity),
@@ -321,11 +288,11 @@ class Recording:
         }
         self.classes = {}
         self.stages = {}
-        self.dispatch_lag = new_histogram()
-        self.error_latency = new_histogram()
+        self.dispatch_lag = hdr.new_histogram()
+        self.error_latency = hdr.new_histogram()
         # which requests are first is decided when they are scheduled (never reset), so
         # a worker ships at most first_n of them over all its drains
-        self.first = new_histogram()
+        self.first = hdr.new_histogram()
         self.first_counts = Counter()
         self.integrity = Counter()
         self.examples = []
@@ -360,9 +327,9 @@ class Recording:
                 wd.setdefault(c, Cell()).add(data)
         for key, hist in (("lag", self.dispatch_lag), ("err", self.error_latency)):
             if delta.get(key):
-                hist.decode_and_add(delta[key])
+                hist.add(hdr.decode(delta[key]))
         if delta.get("first"):
-            self.first.decode_and_add(delta["first"])
+            self.first.add(hdr.decode(delta["first"]))
         self.first_counts.update(delta.get("first_c") or {})
         self.first_in_flight_final += int(delta.get("first_in_flight") or 0)
         self.integrity.update(delta.get("integrity") or {})
@@ -384,21 +351,25 @@ class Recording:
             self.rows.extend(self._rows_for(w, self.windows.pop(w)))
             self._summarised_through = max(self._summarised_through, w + 1)
 
-    def _rows_for(self, w: int, cells: Mapping[str, Cell]) -> list[dict[str, Any]]:
+    def _rows_for(self, w: int, cells: Mapping[str, Cell]) -> list[WindowRow]:
         rows = []
         for cls in sorted(cells):
             cell = cells[cls]
             errors = {k: v for k, v in cell.counts.items() if k not in ("ok", "scheduled") and v}
             ok = int(cell.counts.get("ok", 0))
-            row = {
+            pct = window_percentiles(cell.hdr or hdr.new_histogram())
+            row: WindowRow = {
                 "t": round(w * self.window_s, 6),
                 "class": cls,
                 "scheduled": int(cell.counts.get("scheduled", 0)),
                 "n": ok + sum(errors.values()),
                 "ok": ok,
                 "errors": dict(sorted(errors.items())),
+                "p50_ms": pct["p50_ms"],
+                "p90_ms": pct["p90_ms"],
+                "p99_ms": pct["p99_ms"],
+                "max_ms": pct["max_ms"],
             }
-            row.update(percentiles_ms(cell.hdr or new_histogram()))
             rows.append(row)
         return rows
 
@@ -422,33 +393,32 @@ class Recording:
             total.add_cell(cell)
         return total
 
-    def by_class(self) -> dict[str, Any]:
+    def by_class(self) -> dict[str, ClassLatency]:
         out = {}
         for cls, cell in sorted(self.classes.items()):
             in_flight = sum(n for (c, _), n in self.in_flight_final_by.items() if c == cls)
-            out[cls] = {
-                "counters": counters_view(cell.counts, in_flight),
-                "latency_hdr": encode(cell.hdr),
-            }
+            out[cls] = ClassLatency(
+                counters=counters_view(cell.counts, in_flight), latency_hdr=hdr.encode(cell.hdr)
+            )
         return out
 
-    def first_requests(self) -> dict[str, Any]:
+    def first_requests(self) -> FirstRequests:
         """The results-document view of the first requests: ``n`` and ``latency_hdr`` of
         the ok ones, plus their counters (``scheduled``, ``ok``, ``failed`` by kind,
         ``dropped``, ``in_flight``) in the shape of ``counters_view``."""
-        return {
-            "n": self.first.get_total_count(),
-            "latency_hdr": encode(self.first),
+        return FirstRequests(
+            n=self.first.get_total_count(),
+            latency_hdr=hdr.encode(self.first),
             **counters_view(self.first_counts, self.first_in_flight_final),
-        }
+        )
 
-    def by_stage(self) -> dict[str, Any]:
+    def by_stage(self) -> dict[str, dict[str, ClassLatency]]:
         return {
             stage: {
-                cls: {
-                    "counters": counters_view(cell.counts, self.in_flight_final_by[(cls, stage)]),
-                    "latency_hdr": encode(cell.hdr),
-                }
+                cls: ClassLatency(
+                    counters=counters_view(cell.counts, self.in_flight_final_by[(cls, stage)]),
+                    latency_hdr=hdr.encode(cell.hdr),
+                )
                 for cls, cell in sorted(d.items())
             }
             for stage, d in self.stages.items()

@@ -1,24 +1,23 @@
 """Helpers shared by the report renderers: check states, verdict counts, number formatting.
 
 Everything here reads the results document only (a report can be rendered on a
-machine that never ran the test).
+machine that never ran the test), through ``harness.results``: its histogram codec and
+percentile rule — the checks' own, so a p99 in report.html is the p99 a check judged —
+and its readers.
 """
 
 from __future__ import annotations
 
-import binascii
 import math
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hdrh.codec import HdrCookieException, HdrHistogramSettingsException, HdrLengthException
 from hdrh.histogram import HdrHistogram
 
 from harness.analysis.trend import TrendParams, leak_test
-from harness.results import combine_verdicts
+from harness.results import combine_verdicts, hdr
 
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
 _OP_TEXT = {"<=": "≤", ">=": "≥", "<": "<", ">": ">", "==": "=", "!=": "≠"}
@@ -206,44 +205,27 @@ def describe_measure(check: Mapping[str, Any]) -> str:
     return f"measured {fmt_value(check)}, threshold {fmt_threshold(check)}"
 
 
-# What HdrHistogram.decode raises on a damaged string (base64, zlib, its own header checks).
-_HDR_ERRORS = (
-    ValueError,
-    TypeError,
-    IndexError,
-    binascii.Error,
-    zlib.error,
-    HdrCookieException,
-    HdrLengthException,
-    HdrHistogramSettingsException,
-)
+# The percentiles of the report's latency tables.
+SUMMARY_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
 def decode_hdr(encoded: Any) -> HdrHistogram | None:
-    """Decode a stored HDR string; None when absent or unreadable (the plot/table is omitted)."""
-    if not encoded:
-        return None
+    """Decode a stored HDR string; None when absent, empty or unreadable (the plot/table
+    is omitted — a damaged field must not cost the reader the rest of the report)."""
     try:
-        return HdrHistogram.decode(
-            encoded if isinstance(encoded, bytes) else str(encoded).encode("ascii")
-        )
-    except _HDR_ERRORS:
+        h = hdr.decode(encoded)
+    except hdr.HdrFormatError:
         return None
+    return h if h.get_total_count() else None
 
 
-def hdr_summary(encoded: Any) -> dict[str, float] | None:
-    """n, p50/p90/p99/p99.9/max in ms from an encoded µs histogram; None if empty/absent."""
+def hdr_summary(encoded: Any) -> dict[str, Any] | None:
+    """n, p50/p90/p99/p99.9/max in ms from an encoded µs histogram (the checks' nearest-
+    rank rule, ``harness.results.hdr``); None if empty/absent."""
     h = decode_hdr(encoded)
-    if h is None or h.get_total_count() == 0:
+    if h is None:
         return None
-    return {
-        "n": h.get_total_count(),
-        "p50_ms": h.get_value_at_percentile(50) / 1000,
-        "p90_ms": h.get_value_at_percentile(90) / 1000,
-        "p99_ms": h.get_value_at_percentile(99) / 1000,
-        "p999_ms": h.get_value_at_percentile(99.9) / 1000,
-        "max_ms": h.get_max_value() / 1000,
-    }
+    return {"n": h.get_total_count(), **hdr.summary_ms(h, SUMMARY_PERCENTILES)}
 
 
 def error_total(counters: Mapping[str, Any] | None) -> int:

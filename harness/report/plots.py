@@ -3,7 +3,8 @@
 Each plot function takes one scenario result and returns a ``Figure``, or a ``Missing``
 with a one-line reason when the scenario's data does not support that plot — the report
 then prints the reason instead of the image. Lines drawn here (trend, USL fit) are drawing
-aids; verdicts come from ``harness.checks`` and are never recomputed here.
+aids; verdicts come from ``harness.checks`` and are never recomputed here. The USL curve is
+the fit stored in ``linearity.usl`` (``harness.results.records.usl_params``), not refitted.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from harness.analysis.linearity import usl
 from harness.report.common import numeric_series, trend_line
+from harness.results import records
 
 DPI = 80
 _WIDE = (9.0, 3.6)
@@ -64,13 +67,8 @@ def _figure(
 
 
 def _rows(sc: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], float]:
-    windows = sc.get("windows") or {}
-    rows = [
-        r
-        for r in windows.get("rows") or []
-        if isinstance(r, Mapping) and isinstance(r.get("t"), int | float)
-    ]
-    return rows, float(windows.get("width_s") or 1.0)
+    rows, width = records.window_rows(sc)
+    return list(rows), width
 
 
 def _shade_chaos(ax: Any, sc: Mapping[str, Any]) -> None:
@@ -235,34 +233,10 @@ def threads(sc: Mapping[str, Any], top: int = 6) -> Figure | Missing:
     return fig
 
 
-def usl(n: np.ndarray, x1: float, sigma: float, kappa: float) -> np.ndarray:
-    return x1 * n / (1 + sigma * (n - 1) + kappa * n * (n - 1))
-
-
-def fit_usl(ns: np.ndarray, xs: np.ndarray, x1: float) -> tuple[float, float] | None:
-    """(σ, κ) with X(1) measured, not fitted; None if it cannot be fitted."""
-    from scipy.optimize import curve_fit
-
-    if len(set(ns.tolist())) < 3:
-        return None
-    try:
-        popt, _ = curve_fit(
-            lambda n, s, k: usl(n, x1, s, k), ns, xs, p0=(0.05, 0.01), bounds=([0, 0], [1, 1])
-        )
-    except (RuntimeError, ValueError):
-        return None
-    return float(popt[0]), float(popt[1])
-
-
 def linearity(sc: Mapping[str, Any]) -> Figure | Missing:
     lin = sc.get("linearity") or {}
-    pts = []
-    for p in lin.get("points") or []:
-        reps = p.get("throughput_rps") if isinstance(p, Mapping) else None
-        reps = [reps] if isinstance(reps, int | float) else reps or []
-        for x in reps:
-            if isinstance(p.get("n"), int | float) and isinstance(x, int | float):
-                pts.append((float(p["n"]), float(x)))
+    reps = records.linearity_replicates(lin.get("points") or [])
+    pts = [(float(n), x) for n, xs in reps.items() for x in xs]
     if not pts:
         return Missing("no linearity points (linearity.points)")
     arr = np.asarray(pts)
@@ -276,19 +250,20 @@ def linearity(sc: Mapping[str, Any]) -> Figure | Missing:
     if 1.0 in levels:
         x1 = float(medians[levels == 1.0][0])
         ax.plot(levels, x1 * levels, ":", color="grey", label="ideal N·X(1)")
-        fitted = fit_usl(ns, xs, x1)
-        if fitted:
-            sigma, kappa = fitted
+        fit = lin.get("usl")
+        if isinstance(fit, Mapping) and all(
+            isinstance(fit.get(k), int | float) for k in ("lam", "sigma", "kappa")
+        ):
             grid = np.linspace(1, levels.max(), 100)
             ax.plot(
                 grid,
-                usl(grid, x1, sigma, kappa),
+                usl(grid, float(fit["lam"]), float(fit["sigma"]), float(fit["kappa"])),
                 "--",
                 color="C3",
-                label=f"USL fit σ={sigma:.3f} κ={kappa:.4f}",
+                label=f"USL fit σ={fit['sigma']:.3f} κ={fit['kappa']:.4f}",
             )
         else:
-            note = " (USL fit needs ≥ 3 concurrency levels)"
+            note = " (no USL fit: it needs N = 1 and another level)"
     else:
         note = " (no N=1 point: no ideal line or USL fit)"
     cores = lin.get("cores_available")

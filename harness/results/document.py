@@ -1,15 +1,16 @@
-"""The results document (``results.json``): build, write atomically, load, merge.
+"""The results document (``results.json``): its versions, build, write atomically, load, merge.
 
-The document shape is fixed in ``docs/architecture.md`` and described field by field in
-``docs/outputs.md``. This module only knows the envelope (schema, run metadata, the list
-of scenario results); it never judges anything.
+The records inside it are ``harness.results.records``; this module knows the envelope
+(schema, run metadata, the list of scenario results), the version history and the
+upgrades. It never judges anything. Field by field: ``docs/outputs.md``.
 
 Schema history (bump ``SCHEMA_VERSION`` whenever a reader of the old shape would
 misread the new one; keep a golden file of every version in ``tests/data/``):
 
 - ``harness.results/1`` (harness 0.1.0): first version. Top level ``schema``,
   ``harness_version``, ``created``, ``verdict``, ``partial``, ``machine``, ``sut``,
-  ``loadgen``, ``scenarios``; latency histograms are base64 HDR (µs).
+  ``loadgen``, ``scenarios``; latency histograms are base64 HDR (µs). Additive since:
+  ``linearity.usl`` (the fitted USL parameters; filled on load when absent).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from harness import __version__
 from harness.errors import ResultFormatError
+from harness.results.records import Document, with_usl
 
 SCHEMA_NAME = "harness.results"
 SCHEMA_VERSION = 1
@@ -73,7 +75,7 @@ def new_document(
     sut: Mapping[str, Any] | None = None,
     loadgen: Mapping[str, Any] | None = None,
     clock: Callable[[], float] = time.time,
-) -> dict[str, Any]:
+) -> Document:
     """An empty results document stamped with run metadata; scenarios are appended later."""
     return {
         "schema": SCHEMA,
@@ -175,8 +177,12 @@ def parse_schema(value: Any, where: str = "document") -> int:
     return version
 
 
-def validate_document(doc: Any, where: str = "document") -> dict[str, Any]:
-    """Check the envelope of a results document; return it upgraded to SCHEMA_VERSION."""
+def validate_document(doc: Any, where: str = "document") -> Document:
+    """Check the envelope of a results document; return it upgraded to SCHEMA_VERSION.
+
+    Fields added to the current version since a document was written are filled in
+    (``linearity.usl``), so every reader sees one shape.
+    """
     if not isinstance(doc, dict):
         raise ResultFormatError(
             f"{where}: top level is a {type(doc).__name__}; expected a JSON object with "
@@ -214,7 +220,7 @@ def validate_document(doc: Any, where: str = "document") -> dict[str, Any]:
             f"{where}: 'verdict' has value {doc.get('verdict')!r}; expected one of "
             f"{', '.join(repr(x) for x in VERDICTS)} or null"
         )
-    return doc
+    return with_usl(doc)
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -222,7 +228,7 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def load_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_document(path: str | os.PathLike[str]) -> Document:
     """Read and validate a results document; ResultFormatError if it cannot be used."""
     p = Path(path)
     try:
@@ -276,7 +282,7 @@ def metadata_mismatch(
     return None
 
 
-def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_documents(docs: Iterable[Mapping[str, Any]]) -> Document:
     """Combine several runs (one per ``locust`` subprocess) into one document.
 
     Refuses (ResultFormatError naming the field) when the machine metadata differ: numbers

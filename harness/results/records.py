@@ -1,0 +1,444 @@
+"""The records of a results document, and the readers every consumer uses.
+
+One ``TypedDict`` per record (scenario, stage, class, counters, window, check, series …):
+the JSON is exactly these dicts, so the load side builds a scenario result by calling the
+record types, the checks and the reports read it with the readers below, and
+``harness.results.schema`` derives ``schemas/results.v1.json`` from the same types. A key
+marked ``NotRequired`` is absent from documents written before it existed (or, for
+``validity``/``sut``/``loadgen`` of a scenario, until a later step adds it). Meaning of
+every field: docs/outputs.md.
+
+Derived numbers stored in the document are computed here, once, by the pure analysis
+functions: window percentiles by ``harness.analysis.hdr`` (the one histogram codec and
+percentile rule, re-exported as ``hdr``) and the linearity USL fit by
+``harness.analysis.linearity.fit_usl``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, NotRequired, TypedDict
+
+from hdrh.histogram import HdrHistogram
+
+from harness.analysis import hdr
+
+Verdict = Literal["pass", "fail", "invalid", "not_judged"]
+
+
+class Counters(TypedDict):
+    """Request accounting: ``scheduled = ok + sum(failed) + dropped + in_flight``."""
+
+    scheduled: int
+    ok: int
+    dropped: int
+    in_flight: int
+    failed: dict[str, int]  # by kind: http_503, http_500, timeout, connection, …
+    failed_total: NotRequired[int]
+
+
+class ClassLatency(TypedDict):
+    """One traffic class in ``by_class`` or ``by_stage[stage]``."""
+
+    counters: Counters
+    latency_hdr: str | None  # ok responses, µs HDR (hdr.encode); null when none
+
+
+class Stage(TypedDict):
+    name: str
+    start_s: float
+    end_s: float
+    kind: Literal["open", "closed"]
+    rate_rps: float | None  # open loop, resolved
+    users: int | None  # closed loop
+    rate: NotRequired[str | None]  # as written ("0.6x")
+    threads: NotRequired[int | None]  # server threads of a linearity stage
+    warmup_s: NotRequired[float]
+
+
+class TrafficClass(TypedDict):
+    priority: int  # 1 = highest (Triton convention), 0 = none
+    share: float
+    timeout_us: int | None
+
+
+# ``class`` is a keyword: the functional form keeps the JSON key.
+WindowRow = TypedDict(
+    "WindowRow",
+    {
+        "t": float,  # window start, s
+        "class": str,
+        "scheduled": NotRequired[int],
+        "n": int,  # completed requests
+        "ok": int,
+        "errors": dict[str, int],
+        "p50_ms": float | None,  # of ok responses in the window, hdr's nearest rank
+        "p90_ms": float | None,
+        "p99_ms": float | None,
+        "max_ms": float | None,
+        "late": NotRequired[bool],  # a straggler summarised after its window
+    },
+)
+
+
+class Windows(TypedDict):
+    width_s: float
+    rows: list[WindowRow]
+
+
+class FirstRequests(TypedDict):
+    """The first N requests sent; counters in the shape of ``Counters`` (newer results)."""
+
+    n: int
+    latency_hdr: str | None
+    scheduled: NotRequired[int]
+    ok: NotRequired[int]
+    dropped: NotRequired[int]
+    in_flight: NotRequired[int]
+    failed: NotRequired[dict[str, int]]
+    failed_total: NotRequired[int]
+
+
+class Integrity(TypedDict):
+    checked: int
+    ok: int
+    drift: int
+    cross_wired: int
+    id_mismatch: int
+    examples: list[dict[str, Any]]
+    verified: NotRequired[bool]
+    tolerance: NotRequired[float | None]
+    pool: NotRequired[int | None]
+    distinct: NotRequired[int | None]
+
+
+class LinearityPoint(TypedDict):
+    n: int
+    throughput_rps: list[float]  # one per replicate
+
+
+class UslParams(TypedDict):
+    """The USL fit of ``linearity.points`` (harness.analysis.linearity.fit_usl)."""
+
+    lam: float  # X(1), measured
+    sigma: float  # contention
+    kappa: float  # coherency
+    n_peak: float | None  # N* = √((1−σ)/κ); null when unbounded (κ = 0)
+    x_peak: float | None  # X(N*); null when unbounded
+    rmse: float
+
+
+class Linearity(TypedDict):
+    points: list[LinearityPoint]
+    cores_available: int | None
+    vary: NotRequired[Literal["threads", "users"]]
+    usl: NotRequired[UslParams | None]  # null when it cannot be fitted (no N=1 or N>1)
+
+
+class ContentionBlock(TypedDict):
+    kind: str  # baseline | hog | after
+    start_s: float
+    end_s: float
+    stage: NotRequired[str | None]
+
+
+class Contention(TypedDict):
+    blocks: list[ContentionBlock]
+    warmup_s: NotRequired[float]
+
+
+class ChaosEvent(TypedDict):
+    action: str  # cpu_hog | pause | kill
+    params: dict[str, Any]
+    start_s: float | None
+    end_s: float | None
+    ok: bool
+    error: str | None
+    at_s: NotRequired[float | None]
+    detail: NotRequired[dict[str, Any] | None]
+
+
+# A sampled series: ``t`` (s since the sampler started) plus one list per quantity,
+# aligned with ``t``, ``null`` where a tick has no value.
+Series = dict[str, list[Any]]
+
+
+class ThreadSamples(TypedDict):
+    tid: int
+    name: str
+    cpu_pct_mean: float | None
+    cpu_pct_max: float | None
+    series: Series
+    wait_pct_mean: NotRequired[float | None]
+    cswch_s_mean: NotRequired[float | None]
+    nvcswch_s_mean: NotRequired[float | None]
+
+
+class ServerSamples(TypedDict):
+    pid: int | None
+    interval_s: float | None
+    ticks: int | None
+    missed_ticks: int | None
+    series: Series
+    threads_top: list[ThreadSamples]
+    started_unix: NotRequired[float | None]
+    stopped_unix: NotRequired[float | None]
+    finished: NotRequired[bool]
+    log_tail: NotRequired[list[str] | None]
+
+
+class SystemSamples(TypedDict):
+    series: Series
+    started_unix: NotRequired[float | None]
+    loadgen_processes: NotRequired[list[dict[str, Any]]]
+
+
+class Metrics(TypedDict):
+    series: dict[str, Series]  # "name{labels}" → {t, v}
+
+
+class Check(TypedDict):
+    """A check object (docs/outputs.md), written by ``harness.checks``."""
+
+    id: str
+    passed: bool | None  # null: not evaluated (never a pass)
+    value: float | None
+    threshold: float | None
+    op: str
+    unit: str
+    n: int | None
+    detail: str
+    skipped: str | None
+
+
+class Load(TypedDict):
+    mode: Literal["open", "closed"]
+    arrival: str
+    request_timeout_s: float
+    max_in_flight: int | None
+    seed: int | None
+    workers: int
+    scheduled_by_worker: dict[str, int]
+    cpu_s_by_worker: NotRequired[dict[str, float]]
+    cpu_cores_mean: NotRequired[float | None]
+
+
+class ScenarioResult(TypedDict):
+    """``scenarios[i]``: one scenario run (built by harness.load.result)."""
+
+    name: str
+    file: str
+    mode: str
+    started_unix: float | None
+    duration_s: float
+    partial: bool
+    capacity_rps: float | None
+    check_config: dict[str, dict[str, Any]]
+    time_to_ready_s: float | None
+    stages: list[Stage]
+    classes: dict[str, TrafficClass]
+    counters: Counters
+    by_class: dict[str, ClassLatency]
+    by_stage: dict[str, dict[str, ClassLatency]]
+    windows: Windows | None
+    first_requests: FirstRequests | None
+    dispatch_lag_hdr: str | None
+    error_latency_hdr: str | None
+    integrity: Integrity | None
+    linearity: Linearity | None
+    contention: Contention | None
+    chaos: list[ChaosEvent]
+    server: ServerSamples | None
+    system: SystemSamples | None
+    metrics: Metrics | None
+    checks: list[Check]
+    verdict: Verdict | None
+    description: NotRequired[str]
+    error: NotRequired[dict[str, Any] | None]
+    sut_exit: NotRequired[dict[str, Any] | None]
+    calibration: NotRequired[dict[str, Any] | None]
+    fresh_sut: NotRequired[bool]
+    load: NotRequired[Load]
+    latency_hdr: NotRequired[str | None]
+    validity: NotRequired[list[str]]  # added when judged
+    sut: NotRequired[dict[str, Any] | None]  # merged runs: this scenario's own server
+    loadgen: NotRequired[dict[str, Any] | None]
+
+
+class Excluded(TypedDict):
+    name: str
+    reason: str
+
+
+class Document(TypedDict):
+    """The whole ``results.json`` (the envelope is built by ``new_document``)."""
+
+    schema: str
+    harness_version: str
+    created: str
+    verdict: Verdict | None
+    partial: bool
+    machine: dict[str, Any]
+    sut: dict[str, Any] | None
+    loadgen: dict[str, Any] | None
+    scenarios: list[ScenarioResult]
+    excluded: NotRequired[list[Excluded]]
+    not_run: NotRequired[list[str]]
+
+
+# --- derived numbers stored in the document ------------------------------------------
+
+
+def window_percentiles(h: HdrHistogram) -> dict[str, float | None]:
+    """The ``p50_ms``/``p90_ms``/``p99_ms``/``max_ms`` of a window row (hdr's rule)."""
+    return hdr.summary_ms(h)
+
+
+def usl_params(
+    points: Sequence[LinearityPoint] | Mapping[int, Sequence[float]],
+) -> UslParams | None:
+    """The one USL fit of a linearity sweep, as stored in ``linearity.usl``; None when
+    the points cannot be fitted (no N = 1, no N > 1, or the fit does not converge)."""
+    # Imported here: scipy's optimiser is needed only by whoever builds or upgrades a
+    # document with a sweep, never by the load workers that import this package.
+    from harness.analysis.linearity import fit_usl
+
+    reps = points if isinstance(points, Mapping) else linearity_replicates(points)
+    try:
+        fit = fit_usl(reps)
+    except (RuntimeError, ValueError):  # curve_fit did not converge / degenerate input
+        return None
+    if fit is None:
+        return None
+    return UslParams(
+        lam=fit.lam,
+        sigma=fit.sigma,
+        kappa=fit.kappa,
+        n_peak=fit.n_peak if math.isfinite(fit.n_peak) else None,
+        x_peak=fit.x_peak if math.isfinite(fit.x_peak) else None,
+        rmse=fit.rmse,
+    )
+
+
+def with_usl(doc: Document) -> Document:
+    """Fill ``linearity.usl`` of every sweep that lacks it (documents written before the
+    field existed). Returns ``doc`` with a new ``scenarios`` list when it filled anything;
+    the scenarios it was given are not modified."""
+    scenarios = doc.get("scenarios")
+    if not isinstance(scenarios, list):
+        return doc
+    out, changed = [], False
+    for sc in scenarios:
+        lin = sc.get("linearity") if isinstance(sc, Mapping) else None
+        if isinstance(lin, Mapping) and "usl" not in lin:
+            sc = {**sc, "linearity": {**lin, "usl": usl_params(lin.get("points") or [])}}
+            changed = True
+        out.append(sc)
+    if changed:
+        doc["scenarios"] = out
+    return doc
+
+
+# --- readers --------------------------------------------------------------------------
+
+ZERO_COUNTERS: Counters = {"scheduled": 0, "ok": 0, "dropped": 0, "in_flight": 0, "failed": {}}
+
+
+def stages(result: Mapping[str, Any]) -> list[Stage]:
+    return list(result.get("stages") or [])
+
+
+def stage(result: Mapping[str, Any], name: str) -> Stage | None:
+    return next((s for s in stages(result) if s.get("name") == name), None)
+
+
+def class_names(result: Mapping[str, Any]) -> list[str]:
+    """Every traffic class the scenario declared or recorded."""
+    return sorted((result.get("by_class") or {}).keys() | (result.get("classes") or {}).keys())
+
+
+def latency(
+    result: Mapping[str, Any],
+    *,
+    stage_names: Sequence[str] | None = None,
+    classes: Sequence[str] | None = None,
+) -> HdrHistogram:
+    """Ok-response latencies merged over ``classes`` (all if None), from ``by_stage`` when
+    ``stage_names`` is given, else from ``by_class`` (whole run)."""
+    if stage_names:
+        by_stage = result.get("by_stage") or {}
+        cells: Iterable[tuple[str, Mapping[str, Any]]] = (
+            item for s in stage_names for item in (by_stage.get(s) or {}).items()
+        )
+    else:
+        cells = (result.get("by_class") or {}).items()
+    return hdr.merge(
+        entry.get("latency_hdr") for cls, entry in cells if classes is None or cls in classes
+    )
+
+
+def add_counters(items: Iterable[Mapping[str, Any]]) -> Counters:
+    total: Counters = {"scheduled": 0, "ok": 0, "dropped": 0, "in_flight": 0, "failed": {}}
+    for c in items:
+        total["scheduled"] += int(c.get("scheduled") or 0)
+        total["ok"] += int(c.get("ok") or 0)
+        total["dropped"] += int(c.get("dropped") or 0)
+        total["in_flight"] += int(c.get("in_flight") or 0)
+        for kind, v in (c.get("failed") or {}).items():
+            total["failed"][kind] = total["failed"].get(kind, 0) + int(v)
+    return total
+
+
+def counters(
+    result: Mapping[str, Any],
+    *,
+    stage_names: Sequence[str] | None = None,
+    classes: Sequence[str] | None = None,
+) -> Counters | None:
+    """Counters for the whole run, some stages and/or some classes; None if not recorded."""
+    if stage_names:
+        by_stage = result.get("by_stage") or {}
+        found = [
+            entry.get("counters") or ZERO_COUNTERS
+            for s in stage_names
+            for cls, entry in (by_stage.get(s) or {}).items()
+            if classes is None or cls in classes
+        ]
+        return add_counters(found) if found else None
+    if classes is not None:
+        by_class = result.get("by_class") or {}
+        found = [by_class[c].get("counters") or ZERO_COUNTERS for c in classes if c in by_class]
+        return add_counters(found) if found else None
+    c = result.get("counters")
+    return add_counters([c]) if c else None
+
+
+def failed_total(c: Mapping[str, Any]) -> int:
+    return sum(int(v) for v in (c.get("failed") or {}).values())
+
+
+def window_rows(result: Mapping[str, Any]) -> tuple[list[WindowRow], float]:
+    """The window rows that have a numeric start ``t``, and the window width (s)."""
+    w = result.get("windows") or {}
+    rows = [
+        r
+        for r in w.get("rows") or []
+        if isinstance(r, Mapping) and isinstance(r.get("t"), int | float)
+    ]
+    return rows, float(w.get("width_s") or 1.0)
+
+
+def linearity_replicates(points: Iterable[Any]) -> dict[int, list[float]]:
+    """``linearity.points`` as N → replicate throughputs (a bare number is one replicate;
+    malformed entries are skipped)."""
+    out: dict[int, list[float]] = {}
+    for p in points:
+        if not isinstance(p, Mapping) or not isinstance(p.get("n"), int | float):
+            continue
+        reps = p.get("throughput_rps")
+        reps = [reps] if isinstance(reps, int | float) else reps or []
+        vals = [float(x) for x in reps if isinstance(x, int | float) and not isinstance(x, bool)]
+        if vals:
+            out.setdefault(int(p["n"]), []).extend(vals)
+    return out
