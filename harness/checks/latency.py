@@ -233,6 +233,20 @@ def _failure_rate(c: Mapping[str, Any], include_dropped: bool) -> tuple[float | 
     return (bad / denom if denom > 0 else None), bad, denom
 
 
+def _rate_of_enough(
+    r: Result, c: Mapping[str, Any], include_dropped: bool, what: str, next_step: str
+) -> tuple[float, int, int] | Check:
+    """``_failure_rate`` over at least ``min_requests`` finished requests, else a skip."""
+    rate, bad, denom = _failure_rate(c, include_dropped)
+    if rate is None or denom < int(r.params["min_requests"]):
+        return r.skipped(
+            f"insufficient samples: {denom} finished {what}requests (need >= "
+            f"{r.params['min_requests']}) — {next_step}",
+            n=max(denom, 0),
+        )
+    return rate, bad, denom
+
+
 def _kinds(c: Mapping[str, Any]) -> str:
     kinds = {k: v for k, v in (c.get("failed") or {}).items() if v}
     if c.get("dropped"):
@@ -245,13 +259,10 @@ def steady_error_rate(result: Mapping[str, Any], r: Result) -> Check:
     c = d.counters(result, stage_names=_stage_list(r.params["stage"]))
     if c is None:
         return r.skipped("no request counters were recorded")
-    rate, bad, denom = _failure_rate(c, bool(r.params["include_dropped"]))
-    if rate is None or denom < int(r.params["min_requests"]):
-        return r.skipped(
-            f"insufficient samples: {denom} finished requests (need >= "
-            f"{r.params['min_requests']}) — run longer",
-            n=max(denom, 0),
-        )
+    got = _rate_of_enough(r, c, bool(r.params["include_dropped"]), "", "run longer")
+    if isinstance(got, Check):
+        return got
+    rate, bad, denom = got
     ok = r.compare(rate)
     detail = (
         f"{bad} of {denom} requests failed ({rate:.2%}) {'<=' if ok else '>'} "
@@ -369,13 +380,10 @@ def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
     c = d.counters(result, stage_names=names, classes=[cls])
     if c is None:
         return r.skipped(f"no counters for class '{cls}'")
-    rate, bad, denom = _failure_rate(c, True)
-    if rate is None or denom < int(r.params["min_requests"]):
-        return r.skipped(
-            f"insufficient samples: {denom} finished '{cls}' requests (need >= "
-            f"{r.params['min_requests']}) — raise its share or run longer",
-            n=max(denom, 0),
-        )
+    got = _rate_of_enough(r, c, True, f"'{cls}' ", "raise its share or run longer")
+    if isinstance(got, Check):
+        return got
+    rate, bad, denom = got
     ok = r.compare(rate)
     others = [n for n in d.class_names(result) if n != cls]
     oc = d.counters(result, stage_names=names, classes=others) if others else None
