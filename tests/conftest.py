@@ -1,4 +1,67 @@
 """Patch with gevent before anything starts a thread (Locust does it on import; done late,
-after anyio/starlette made their threads, a TestClient call waits forever)."""
+after anyio/starlette made their threads, a TestClient call waits forever).
 
+Every results document a test writes is validated against ``schemas/results.v1.json``:
+in this process at the moment ``harness.results`` serialises it (``write_document``),
+and, for documents written by subprocesses (``locust -f``, ``harness run``), every
+``results.json`` left in the test's ``tmp_path``. A test that writes a deliberately
+malformed document says so with ``@pytest.mark.malformed_results``.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
 import locust  # noqa: F401
+import pytest
+
+from harness.results import SCHEMA
+from harness.results import document as _document
+from harness.results.schema import SCHEMA_FILE
+
+_VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
+
+
+def schema_errors(doc: Any) -> list[str]:
+    """Where a results document breaks the published schema ([] when it is valid)."""
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message[:300]}"
+        for e in sorted(_VALIDATOR.iter_errors(doc), key=lambda e: list(map(str, e.path)))
+    ]
+
+
+def assert_valid_results(doc: Any, where: str = "results document") -> None:
+    errors = schema_errors(doc)
+    assert not errors, f"{where} breaks schemas/results.v1.json:\n" + "\n".join(errors[:20])
+
+
+@pytest.fixture(autouse=True)
+def _results_documents_match_the_schema(request, monkeypatch):
+    if request.node.get_closest_marker("malformed_results"):
+        yield
+        return
+    real_dumps = _document.dumps
+
+    def validating_dumps(doc):
+        text = real_dumps(doc)
+        parsed = json.loads(text)
+        if isinstance(parsed, dict) and parsed.get("schema") == SCHEMA:
+            assert_valid_results(parsed, "a results document written during this test")
+        return text
+
+    monkeypatch.setattr(_document, "dumps", validating_dumps)
+    # the test's own tmp_path (same instance), read now: its directory outlives the test
+    tmp: Path | None = (
+        request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    )
+    yield
+    if tmp is None:
+        return
+    for path in sorted(tmp.rglob("results.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # unreadable documents are the loader tests' business
+        if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
+            assert_valid_results(doc, str(path))

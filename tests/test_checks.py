@@ -12,6 +12,7 @@ import pytest
 from hdrh.histogram import HdrHistogram
 
 from harness.checks import REGISTRY, Check, resolve_params
+from tests.results_factory import scenario
 
 MIB = 1024 * 1024
 
@@ -39,33 +40,26 @@ def counters(
 
 
 def result(**fields: Any) -> dict[str, Any]:
-    sc: dict[str, Any] = {
-        "name": "t",
-        "duration_s": 60.0,
-        "check_config": {},
-        "time_to_ready_s": None,
-        "stages": [],
-        "classes": {},
-        "counters": counters(0),
-        "by_class": {},
-        "by_stage": {},
-        "windows": {"width_s": 1.0, "rows": []},
-        "first_requests": None,
-        "dispatch_lag_hdr": None,
-        "error_latency_hdr": None,
-        "integrity": None,
-        "linearity": None,
-        "contention": None,
-        "chaos": [],
-        "server": None,
-        "system": None,
-    }
-    sc.update(fields)
-    return sc
+    """A scenario result for one check: the factory's complete record (schema-valid)
+    with no classes, no start time and an empty run; ``fields`` override."""
+    defaults: dict[str, Any] = {"started_unix": None, "classes": {}}
+    return scenario(
+        str(fields.pop("name", "t")),
+        float(fields.pop("duration_s", 60.0)),
+        **(defaults | fields),
+    )
 
 
 def stage(name: str, start: float, end: float, rate: float | None = 100.0, **kw: Any) -> dict:
-    return {"name": name, "start_s": start, "end_s": end, "kind": "open", "rate_rps": rate, **kw}
+    return {
+        "name": name,
+        "start_s": start,
+        "end_s": end,
+        "kind": "open",
+        "rate_rps": rate,
+        "users": None,
+        **kw,
+    }
 
 
 def row(t: float, p99: float | None, ok: int = 100, cls: str = "default", **errors: int) -> dict:
@@ -76,7 +70,9 @@ def row(t: float, p99: float | None, ok: int = 100, cls: str = "default", **erro
         "ok": ok,
         "errors": errors,
         "p50_ms": None if p99 is None else p99 / 3,
+        "p90_ms": None if p99 is None else p99 / 1.5,
         "p99_ms": p99,
+        "max_ms": p99,
     }
 
 

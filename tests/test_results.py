@@ -28,7 +28,7 @@ from harness.results import (
     new_document,
     write_document,
 )
-from tests.results_factory import MACHINE, build_document
+from tests.results_factory import MACHINE, build_document, scenario
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parent.parent
@@ -66,8 +66,7 @@ def test_write_then_load_round_trips_and_cleans_numbers(tmp_path):
     doc = new_document(machine=MACHINE)
     doc["scenarios"].append(
         {
-            "name": "s",
-            "checks": [],
+            **scenario("s", 1.0),
             "x": float("nan"),
             "y": np.float64(2.5),
             "z": np.arange(3),
@@ -88,7 +87,7 @@ def test_repeated_writes_replace_the_file_whole(tmp_path):
     path = tmp_path / "results.json"
     doc = new_document(machine=MACHINE)
     for i in range(5):
-        doc["scenarios"].append({"name": f"s{i}", "checks": []})
+        doc["scenarios"].append(scenario(f"s{i}", 1.0))
         # A reader that opened the previous version keeps reading it whole: the writer
         # renames a new file over the path instead of truncating the old one.
         reader = path.open() if path.exists() else None
@@ -119,10 +118,11 @@ def test_a_killed_writer_leaves_a_loadable_document(tmp_path):
         f"""
         from pathlib import Path
         from harness.results import new_document, write_document
+        from tests.results_factory import scenario
         doc = new_document()
         i = 0
         while True:
-            doc["scenarios"].append({{"name": f"s{{i}}", "checks": [], "pad": "x" * 20000}})
+            doc["scenarios"].append({{**scenario(f"s{{i}}", 1.0), "pad": "x" * 20000}})
             write_document({str(path)!r}, doc)
             i += 1
             if i == 3:
@@ -147,6 +147,7 @@ def test_a_killed_writer_leaves_a_loadable_document(tmp_path):
     assert doc["scenarios"][-1]["name"] == f"s{len(doc['scenarios']) - 1}"
 
 
+@pytest.mark.malformed_results
 @pytest.mark.parametrize(
     ("content", "pattern"),
     [
