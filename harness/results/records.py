@@ -185,7 +185,7 @@ class ServerSamples(TypedDict):
     started_unix: NotRequired[float | None]
     stopped_unix: NotRequired[float | None]
     finished: NotRequired[bool]
-    log_tail: NotRequired[list[str] | None]
+    log_tail: NotRequired[str | None]  # the sampler's last log lines when it did not finish
 
 
 class SystemSamples(TypedDict):
