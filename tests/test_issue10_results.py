@@ -236,3 +236,16 @@ def test_every_document_written_during_a_test_is_validated(tmp_path) -> None:
     with pytest.raises(AssertionError, match="breaks schemas/results.v1.json"):
         write_document(tmp_path / "bad" / "results.json", doc)
     assert not (tmp_path / "bad" / "results.json").exists()
+
+
+def test_the_linearity_check_names_the_stored_fit() -> None:
+    sc = _linearity_doc()["scenarios"][0]
+    computed = records.usl_params(sc["linearity"]["points"])
+    assert computed is not None
+    # without a stored fit (a hand-built result) the check computes the same one
+    plain = run("linearity.efficiency", sc, max_n=2)
+    assert f"USL σ={computed['sigma']:.3f} κ={computed['kappa']:.4f}" in plain.detail
+    sc["linearity"]["usl"] = {**computed, "sigma": 0.321, "kappa": 0.0123, "n_peak": None}
+    stored = run("linearity.efficiency", sc, max_n=2)
+    assert "USL σ=0.321 κ=0.0123, none in range (κ=0)" in stored.detail
+    assert (stored.passed, stored.value) == (plain.passed, plain.value)  # the verdict is E(N)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from harness.analysis.linearity import efficiency, fit_usl, medians
+from harness.analysis.linearity import efficiency, medians
 from harness.analysis.validity import accounting_imbalance
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
 from harness.checks.registry import implements
+from harness.results.records import usl_params
 
 
 @implements("integrity.mismatches")
@@ -112,11 +112,14 @@ def linearity_efficiency(result: Mapping[str, Any], r: Result) -> Check:
     worst = eff[worst_n]
     ok = r.compare(worst)
     curve = ", ".join(f"E({n})={eff[n]:.2f}" for n in sorted(eff) if n > 1)
-    fit = fit_usl(points)
+    # the document's one USL fit (linearity.usl); a hand-built result without it gets
+    # the same fit computed the same way
+    fit = lin["usl"] if "usl" in lin else usl_params(lin["points"])
     usl = ""
     if fit is not None:
-        peak = "none in range (κ=0)" if math.isinf(fit.n_peak) else f"N*={fit.n_peak:.1f}"
-        usl = f"; USL σ={fit.sigma:.3f} κ={fit.kappa:.4f}, {peak}"
+        n_peak = fit.get("n_peak")
+        peak = "none in range (κ=0)" if n_peak is None else f"N*={n_peak:.1f}"
+        usl = f"; USL σ={fit['sigma']:.3f} κ={fit['kappa']:.4f}, {peak}"
     reps = min(len(points[n]) for n in [1, *judged_ns])
     detail = (
         f"worst efficiency E({worst_n})={worst:.2f} {'>=' if ok else '<'} "
