@@ -213,6 +213,11 @@ class SutProcess:
     def alive(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the server has exited (negative: killed by that signal)."""
+        return self._popen.poll() if self._popen is not None else None
+
     def start(self) -> SutProcess:
         if self.alive():
             return self

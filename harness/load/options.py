@@ -3,7 +3,8 @@ validated into a frozen ``Options``, and applied to the scenario they select."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness.errors import ConfigError
@@ -34,6 +35,15 @@ class Options:
     verify: bool
     duration_s: float | None = None
     checklist: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """A plain dict for the master's plan message (harness.load.wire)."""
+        return {**asdict(self), "inputs": list(self.inputs)}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Options:
+        """The master's options as a worker gets them (fields checked by the caller)."""
+        return cls(**{**data, "inputs": tuple(data["inputs"])})
 
 
 def add_options(parser: Any) -> None:

@@ -21,12 +21,14 @@ from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ExitCode, HarnessError
 from harness.finish import finish, verdict_line
 from harness.load.controller import HarnessState
+from harness.load.finalisation import FINALS_GRACE_S
 from harness.load.options import add_options, options_from
 from harness.load.shape import ScenarioShape
 from harness.load.users import ClosedLoopUser, OpenLoopUser
+from harness.load.wire import REPORT_KEY, FinalMessage, FinishMessage, PlanMessage
 
 __all__ = ["ClosedLoopUser", "OpenLoopUser", "ScenarioShape", "register"]
 
@@ -58,14 +60,19 @@ def register(environment: Any) -> HarnessState | None:
         # (results written, marked partial); Locust's handler replaces this one later.
         gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(_stop_on_sigterm, environment))
     if isinstance(runner, WorkerRunner):
-        runner.register_message("harness_plan", lambda msg, **_: state.on_plan(msg.data))
-        # answering waits for requests still out: not on the message-receiving greenlet
-        runner.register_message("harness_finish", lambda msg, **_: gevent.spawn(state.send_final))
+        runner.register_message(PlanMessage.NAME, lambda msg, **_: state.on_plan(msg.data))
+        runner.register_message(FinishMessage.NAME, lambda msg, **_: _on_finish(state, msg.data))
     elif isinstance(runner, MasterRunner):
         runner.register_message(
-            "harness_final", lambda msg, **_: state.on_final(msg.node_id, msg.data)
+            FinalMessage.NAME, lambda msg, **_: state.on_final(msg.node_id, msg.data)
         )
     return state
+
+
+def _on_finish(state: HarnessState, data: Any) -> None:
+    FinishMessage.from_wire(data)
+    # answering waits for requests still out: not on the message-receiving greenlet
+    gevent.spawn(state.send_final)
 
 
 def _stop_on_sigterm(environment: Any) -> None:
@@ -88,9 +95,9 @@ def _on_init(environment: Any, **_: Any) -> None:
 def _on_report_to_master(client_id: str, data: dict[str, Any], **_: Any) -> None:
     state = _state()
     if state is not None:
-        delta = state.drain_for_master()
-        if delta is not None:
-            data["harness"] = delta
+        report = state.drain_for_master()
+        if report is not None:
+            data[REPORT_KEY] = report
 
 
 @events.worker_report.add_listener
@@ -117,14 +124,19 @@ def _on_quitting(environment: Any, **_: Any) -> None:
     if state is None or state.is_worker:
         return
     runner = environment.runner
-    if state.prepared and not state.finalized and runner is not None:
+    if state.stoppable and runner is not None:
         # SIGTERM path: Locust fires quitting before it stops the runner; stop now so the
         # results (marked partial) are written before the exit code is chosen.
         runner.stop()
         state.finalize()
-    if state.exit_code == ConfigError.exit_code or not state.written:
+    elif state.finalising:
+        # finalising on another greenlet (a SIGTERM while the workers' finals come in)
+        state.wait_written(state.scenario.load.request_timeout_s + FINALS_GRACE_S + 30.0)
+    if state.exit_code == ExitCode.USAGE or not state.on_disk:
         # a usage error (already logged as one line), or nothing was measured
-        environment.process_exit_code = state.exit_code if state.exit_code is not None else 3
+        environment.process_exit_code = int(
+            state.exit_code if state.exit_code is not None else ExitCode.INVALID
+        )
         return
     try:
         # The same judging as `harness acceptance`: checks, validity, reports, exit code.
@@ -145,6 +157,7 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         code,
         state.out_dir / "report.html",
     )
+    state.judged()
     environment.process_exit_code = int(code)
 
 

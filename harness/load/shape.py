@@ -29,12 +29,10 @@ class ScenarioShape(LoadTestShape):
         state = getattr(self.runner.environment, "harness", None)
         if state is None:
             return None
-        if not state.prepared and not state.prepare():
-            return None  # preparation failed; the cause is in the results
-        t = state.scenario_time()
-        stage = state.stage_for_shape(t)
+        if not state.prepare():
+            return None  # preparation failed or the run stopped; the cause is in the results
+        stage = state.shape_tick()  # moves the run to running, or completed at the end
         if stage is None:
-            state.shape_done = True
             return None
         if stage.kind == "open":
             slots = state.slots

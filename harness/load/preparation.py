@@ -1,0 +1,184 @@
+"""Preparing one run on the master / local runner, before any load is sent.
+
+In order: refuse a scenario the target cannot support (preflight), start or attach the
+server (``SutControl``), read the server and model metadata, build the payload pool,
+fetch the golden outputs, calibrate capacity when the scenario's rates are relative, and
+start a fresh server when the scenario wants the load to meet a cold one. A failure
+raises a ``HarnessError``; what was learned before it stays on the ``Preparation`` (the
+results of a failed run still say how long the server took to start).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from harness.errors import ConfigError, TargetUnavailable
+from harness.load import calibrate, http, payloads, target
+from harness.load.integrity import Golden
+from harness.load.options import Options
+from harness.load.scenario import Scenario
+from harness.load.sut_control import SutControl
+
+log = logging.getLogger("harness.load")
+
+
+class Preparation:
+    """One run's preparation and what it learned (read by the plan and the results)."""
+
+    def __init__(
+        self, opts: Options, scenario: Scenario, host: str | None, sut: SutControl
+    ) -> None:
+        self.opts = opts
+        self.scenario = scenario  # with_cores() applied once the server's cores are known
+        self.host = host
+        self.sut = sut
+        # learned on the way (None / defaults until then)
+        self.time_to_ready_s: float | None = None
+        self.sut_cores_n = 1
+        self.base_url: str | None = None
+        self.model: str | None = None
+        self.inputs: list[list[dict[str, Any]]] = []
+        self.golden: Golden | None = None
+        self.golden_summary: dict[str, Any] | None = None
+        self.capacity_rps: float | None = None
+        self.calibration: dict[str, Any] | None = None
+        self.fresh_sut = False
+        self.sut_doc: dict[str, Any] = {}
+
+    def base(self) -> str:
+        if not self.host:
+            raise ConfigError(
+                "no target: pass --host http://HOST:PORT (or --sut-cmd to start the server)"
+            )
+        return self.host.rstrip("/")
+
+    def run(self) -> None:
+        """Every step above; raises ``HarnessError`` at the first that fails."""
+        self.preflight()
+        self.time_to_ready_s = self.sut.ensure(self.scenario, self.host, self.base)
+        self.sut_cores_n = len(self.sut.cores() or os.sched_getaffinity(0))
+        self.scenario = self.scenario.with_cores(self.sut_cores_n)
+        self._check_threads_template()
+        base = self.base_url = self.base()
+        self._check_ready(base)
+        server_meta = target.json_or_none(base + "/v2")
+        model = self.model = self._model(base, server_meta)
+        meta = payloads.model_metadata(base, model)
+        pool, max_batch = self._payloads(base, model, meta)
+        load = self.scenario.load
+        host, port, _ = http.split_url(base)
+        if load.verify:
+            self.golden = target.fetch_golden(pool, host, port, load.request_timeout_s)
+            self.golden_summary = self.golden.summary()
+        self.capacity_rps = load.capacity_rps
+        if self.scenario.needs_capacity and self.capacity_rps is None:
+            self._calibrate(pool, max_batch)
+        self._fresh_start()
+        self.sut_doc = self.sut.describe(base, model, {"server": server_meta, "model": meta})
+
+    def preflight(self) -> None:
+        """Refuse (exit 2) a scenario this target cannot support, before starting anything."""
+        from harness.load.preflight import (
+            TargetFacts,
+            checklist_max_n,
+            linearity_max_n,
+            unsupported_reason,
+        )
+
+        o = self.opts
+        checklist = checklist_max_n(o.checklist)
+        facts = TargetFacts(
+            sut_cmd=o.sut_cmd,
+            attached=not o.sut_cmd,
+            sut_pid=o.sut_pid,
+            sut_cores=o.sut_cores,
+            linearity_max_n=linearity_max_n(self.scenario, checklist),
+        )
+        why = unsupported_reason(self.scenario, facts)
+        if why is not None:
+            raise ConfigError(
+                f"scenario {self.scenario.name!r} cannot run against this target: {why}"
+            )
+
+    def _check_threads_template(self) -> None:
+        if not any(st.threads for st in self.scenario.stages):
+            return
+        o = self.opts
+        if "{threads}" not in (o.sut_cmd or ""):
+            raise ConfigError(
+                f"scenario {self.scenario.name!r} varies the server's threads per stage; "
+                f"start the server with --sut-cmd containing {{threads}} (e.g. "
+                f"--sut-cmd 'python -m reference_server --port {{port}} --workers {{threads}}'), "
+                f"got --sut-cmd {o.sut_cmd!r}"
+            )
+
+    @staticmethod
+    def _check_ready(base: str) -> None:
+        status, _ = target.get(base + "/v2/health/ready")
+        if status != 200:
+            raise TargetUnavailable(
+                f"{base}/v2/health/ready answered {status or 'nothing'}; start the server "
+                f"or point --host at it"
+            )
+
+    def _model(self, base: str, server_meta: dict[str, Any] | None) -> str:
+        model = self.opts.model or (server_meta or {}).get("model")
+        if not model:
+            raise ConfigError(
+                f"--model is not set and GET {base}/v2 names no model; pass --model NAME"
+            )
+        return str(model)
+
+    def _payloads(
+        self, base: str, model: str, meta: dict[str, Any]
+    ) -> tuple[payloads.PayloadPool, int]:
+        """The request inputs every process sends (kept for the plan) and a pool of them."""
+        o = self.opts
+        load = self.scenario.load
+        specs, first = payloads.resolve_specs(meta, model, o.inputs, o.sample_request)
+        max_batch = int((meta.get("parameters") or {}).get("max_batch_size") or 32)
+        pool_size = load.pool_size or max(64, 4 * max_batch)
+        self.inputs = payloads.generate_inputs(specs, pool_size, load.seed, first)
+        host, port, prefix = http.split_url(base)
+        classes = [
+            payloads.ClassParams(c.name, c.priority, c.timeout_us) for c in self.scenario.classes
+        ]
+        pool = payloads.PayloadPool(
+            host, port, f"{prefix}/v2/models/{model}/infer", self.inputs, classes
+        )
+        return pool, max_batch
+
+    def _calibrate(self, pool: payloads.PayloadPool, max_batch: int) -> None:
+        load = self.scenario.load
+        host, port, _ = http.split_url(self.base_url or self.base())
+        users = load.calibration_users or max(8, 2 * max_batch)
+        cal = calibrate.calibrate(
+            pool,
+            host,
+            port,
+            self.scenario.classes[-1].name,
+            users=users,
+            duration_s=load.calibration_s,
+            timeout_s=load.request_timeout_s,
+        )
+        self.calibration = cal.as_dict()
+        self.capacity_rps = cal.capacity_rps
+        log.info("harness: calibrated capacity %.1f req/s (%d users)", cal.capacity_rps, users)
+
+    def _fresh_start(self) -> None:
+        self.fresh_sut = False
+        if not self.scenario.load.fresh_sut:
+            return
+        if self.sut.owned:
+            # The golden fetch and the calibration warmed the server up: start it again so
+            # the load meets a cold server, and time that start (same command, port, cores).
+            self.time_to_ready_s = self.sut.restart_fresh()
+            self.fresh_sut = True
+        else:
+            log.warning(
+                "harness: scenario %r wants a freshly started server; without --sut-cmd the "
+                "server is already warm (fresh_sut: false in the results)",
+                self.scenario.name,
+            )

@@ -1,0 +1,94 @@
+"""What runs beside the load on the master / local runner, started once the run is
+prepared and stopped when it ends: the sampler subprocess, the chaos timeline, and the
+harness's own greenlets (SUT watchdog, threads sweep, partial results, progress file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gevent
+
+from harness.load import target
+from harness.load.scenario import Scenario
+from harness.load.sut_control import SutControl
+
+if TYPE_CHECKING:
+    from harness.chaos.timeline import Timeline
+
+NO_SUT = "no SUT process to act on: pass --sut-pid or --sut-cmd"
+
+
+class SideTasks:
+    """The sampler, the chaos timeline and the greenlets of one run."""
+
+    def __init__(self) -> None:
+        self.sampler: subprocess.Popen | None = None
+        self.timeline: Timeline | None = None
+        self.chaos_skipped: list[dict[str, Any]] = []
+        self.greenlets: list[gevent.Greenlet] = []
+
+    def start_sampler(self, sut: SutControl, samples_dir: Path, metrics_url: str) -> None:
+        """``harness sample`` on the server; it follows the pid file SutProcess rewrites on
+        every start, so a server restarted by kill chaos or a threads sweep stays sampled."""
+        pid = sut.pid()
+        if pid is None:
+            return
+        pid_file = getattr(sut.handle, "pid_file", None)
+        self.sampler = target.start_sampler(pid, samples_dir, metrics_url, pid_file=pid_file)
+
+    def start_chaos(self, scenario: Scenario, sut: SutControl, origin_unix: float) -> None:
+        """The scenario's chaos timeline on the scenario's clock (or every event recorded as
+        not applied when there is no server process to act on)."""
+        if not scenario.chaos:
+            return
+        if sut.handle is None:
+            self.chaos_skipped = [
+                {
+                    "action": e.action,
+                    "params": dict(e.params),
+                    "start_s": e.at_s,
+                    "end_s": None,
+                    "ok": False,
+                    "error": NO_SUT,
+                }
+                for e in scenario.chaos
+            ]
+            return
+        from harness.chaos.timeline import Timeline
+
+        t0 = time.monotonic() + (origin_unix - time.time())
+        self.timeline = Timeline(scenario.chaos, sut.handle, handle_signals=False)
+        self.timeline.start(t0=t0)
+
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.greenlets.append(gevent.spawn(fn, *args))
+
+    def chaos_records(self) -> list[dict[str, Any]]:
+        applied = list(self.timeline.records) if self.timeline is not None else []
+        return applied + self.chaos_skipped
+
+    def stop(self, samples_dir: Path) -> dict[str, Any] | None:
+        """Kill the greenlets, stop chaos (reverting what it did) and the sampler; return
+        what the sampler recorded."""
+        for g in self.greenlets:
+            g.kill(block=False)
+        if self.timeline is not None:
+            self.timeline.stop()
+        proc, self.sampler = self.sampler, None
+        return target.stop_sampler(proc, samples_dir)
+
+    def shutdown(self, samples_dir: Path) -> None:
+        """At quit: the same, never raising (the Locust process is ending)."""
+        for g in self.greenlets:
+            g.kill(block=False)
+        if self.timeline is not None:
+            with contextlib.suppress(Exception):
+                self.timeline.stop()
+        proc, self.sampler = self.sampler, None
+        target.stop_sampler(proc, samples_dir)
