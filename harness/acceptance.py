@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import locustfiles
-from harness.errors import ConfigError, HarnessError, ResultFormatError
+from harness.errors import ConfigError, ExitCode, HarnessError, ResultFormatError
 from harness.finish import finish
 from harness.results import load_document, machine_metadata, merge_documents, new_document
 
@@ -124,7 +124,7 @@ class ScenarioRun:
 @dataclass(frozen=True)
 class Outcome:
     document: dict[str, Any]
-    exit_code: int
+    exit_code: ExitCode
     runs: tuple[ScenarioRun, ...]
 
 
@@ -282,7 +282,7 @@ def _failed_scenario(run: ScenarioRun) -> dict[str, Any]:
                 "id": "run.completed",
                 "passed": False,
                 "value": run.returncode,
-                "threshold": 0,
+                "threshold": int(ExitCode.PASS),
                 "op": "==",
                 "unit": "exit code",
                 "n": None,
@@ -307,8 +307,8 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
             if interrupt.requested:
                 break
             run = run_one(current, name, i, len(plan.scenarios), interrupt, show)
-            if run.document is None and run.returncode == ConfigError.exit_code:
-                message = run.error or f"locust exited 2 for scenario {name}"
+            if run.document is None and run.returncode == ExitCode.USAGE:
+                message = run.error or f"locust exited {int(ExitCode.USAGE)} for scenario {name}"
                 if not any(r.document is not None for r in runs):
                     # A usage error before anything was measured: fail in seconds.
                     raise ConfigError(message)

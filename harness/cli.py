@@ -18,17 +18,12 @@ from typing import Any
 
 from harness.errors import ConfigError, ExitCode, HarnessError
 
-EXIT_OK = ExitCode.PASS
-EXIT_FAILED = ExitCode.FAIL
-EXIT_USAGE = ExitCode.USAGE
-EXIT_INVALID = ExitCode.INVALID
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with one line naming the fix (no usage dump on stderr)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_float(text: str) -> float:
@@ -111,7 +106,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         f"{' (target exited)' if meta['target_exited'] else ''} → {config.out_dir}",
         file=sys.stderr,
     )
-    return EXIT_OK
+    return ExitCode.PASS
 
 
 class _stop_on_signals:
@@ -384,7 +379,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     print(comparison.to_text(), end="")
     if args.markdown:
         Path(args.markdown).write_text(comparison.to_markdown())
-    return {"regressed": EXIT_FAILED, "invalid": EXIT_INVALID}.get(comparison.verdict, EXIT_OK)
+    by_verdict = {"regressed": ExitCode.FAIL, "invalid": ExitCode.INVALID}
+    return by_verdict.get(comparison.verdict, ExitCode.PASS)
 
 
 # --- entry point ------------------------------------------------------------------------
@@ -423,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.exit_code)
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)
-        return 130
+        return int(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,21 @@ class ExitCode(IntEnum):
     USAGE = 2  # usage or configuration error, found before load started
     INVALID = 3  # the measurement cannot be trusted (generator saturated, chaos not applied…)
     NOT_JUDGED = 4  # the run measured nothing its checks could judge: not a pass
+    INTERRUPTED = 130  # the CLI was interrupted (Ctrl-C): 128 + SIGINT, the shell's convention
+
+    @classmethod
+    def for_verdict(cls, verdict: str | None) -> ExitCode:
+        """A results document's verdict as an exit code (an unknown or missing verdict:
+        the measurement cannot be trusted)."""
+        return _FOR_VERDICT.get(verdict or "", cls.INVALID)
+
+
+_FOR_VERDICT = {
+    "pass": ExitCode.PASS,
+    "fail": ExitCode.FAIL,
+    "invalid": ExitCode.INVALID,
+    "not_judged": ExitCode.NOT_JUDGED,
+}
 
 
 class HarnessError(Exception):

@@ -13,13 +13,6 @@ from typing import Any
 from harness.errors import ExitCode
 from harness.results import combine_verdicts, load_document, write_document
 
-_EXIT_FOR_VERDICT = {
-    "pass": ExitCode.PASS,
-    "fail": ExitCode.FAIL,
-    "invalid": ExitCode.INVALID,
-    "not_judged": ExitCode.NOT_JUDGED,
-}
-
 
 def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str, Any]:
     """(Re)evaluate every scenario's checks, with the checklist's overrides, in place."""
@@ -34,21 +27,21 @@ def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str,
     return doc
 
 
-def exit_code_for(doc: Mapping[str, Any]) -> int:
+def exit_code_for(doc: Mapping[str, Any]) -> ExitCode:
     """0 pass · 1 a check failed · 3 invalid, or interrupted before anything failed ·
     4 nothing was judged. A failure anywhere wins: it is a finding about the server,
     whatever else went wrong with the measurement of another scenario."""
     verdict = doc.get("verdict")
     if verdict == "fail":
         return ExitCode.FAIL
-    if verdict == "invalid" or doc.get("partial") or verdict not in _EXIT_FOR_VERDICT:
+    if doc.get("partial"):
         return ExitCode.INVALID
-    return _EXIT_FOR_VERDICT[verdict]
+    return ExitCode.for_verdict(verdict)
 
 
 def finish(
     out_dir: str | Path, checklist: str | Path | None = None, doc: dict[str, Any] | None = None
-) -> tuple[dict[str, Any], int]:
+) -> tuple[dict[str, Any], ExitCode]:
     """Judge ``out_dir/results.json`` (or ``doc``), rewrite it, render the reports."""
     from harness.report import render_all
 
