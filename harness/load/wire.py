@@ -41,24 +41,22 @@ class WireFormatError(ConfigError):
     different harness versions (exit 2)."""
 
 
-def _check_fields(
-    message: str, data: Any, required: frozenset[str], optional: frozenset[str] = frozenset()
-) -> Mapping[str, Any]:
-    """``data`` as a mapping with every required field and nothing unknown."""
+def _check_fields(message: str, data: Any, expected: frozenset[str]) -> Mapping[str, Any]:
+    """``data`` as a mapping with every expected field and nothing else."""
     if not isinstance(data, Mapping):
         raise WireFormatError(
             f"{message} message has a {type(data).__name__} payload; expected an object "
-            f"with fields {sorted(required | optional)}. Run the same harness version on "
+            f"with fields {sorted(expected)}. Run the same harness version on "
             f"the master and every worker"
         )
-    missing = sorted(required - data.keys())
-    unknown = sorted(set(data) - required - optional)
+    missing = sorted(expected - data.keys())
+    unknown = sorted(set(data) - expected)
     if missing or unknown:
         parts = [f"missing {missing}"] if missing else []
         parts += [f"unknown {unknown}"] if unknown else []
         raise WireFormatError(
             f"{message} message has fields {' and '.join(parts)}; expected "
-            f"{sorted(required | optional)}. Run the same harness version on the master and "
+            f"{sorted(expected)}. Run the same harness version on the master and "
             f"every worker"
         )
     return data
