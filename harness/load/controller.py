@@ -122,14 +122,15 @@ class HarnessState:
         self.prep = prep = Preparation(self.opts, self.scenario, self.env.host, self.sut)
         try:
             prep.run()
+            self.scenario = prep.scenario
             if self.lifecycle.state is not S.PREPARING:
                 return False  # stopped while preparing (SIGTERM): nothing to start
-            self.scenario = prep.scenario
             self.origin_unix = time.time() + PLAN_LEAD_S
             self._distribute(prep)
             self._start_side_tasks(prep)
         except HarnessError as exc:
             log.error("harness: %s", exc)
+            self.scenario = prep.scenario  # as far as it got (the server's cores applied)
             self._record_error(ErrorInfo.from_exception(exc))
             self.lifecycle.advance_if(S.FAILED)
             return False
