@@ -346,12 +346,20 @@ def _not_exercised(r: Result, cls: str) -> Check:
     )
 
 
-@implements("priority.high_p99_ms")
-def high_p99(result: Mapping[str, Any], r: Result) -> Check:
+def _high_class(result: Mapping[str, Any], r: Result) -> tuple[str, list[str] | None] | Check:
+    """The high-priority class and the stages judged, or the skip when there is none."""
     cls = r.params["class_name"] or d.high_class(result)
     if cls is None:
         return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
-    names = _stage_list(r.params["stage"])
+    return cls, _stage_list(r.params["stage"])
+
+
+@implements("priority.high_p99_ms")
+def high_p99(result: Mapping[str, Any], r: Result) -> Check:
+    got = _high_class(result, r)
+    if isinstance(got, Check):
+        return got
+    cls, names = got
     hist = d.histogram(result, stage_names=names, classes=[cls])
     c = _p99_check(
         r,
@@ -373,10 +381,10 @@ def high_p99(result: Mapping[str, Any], r: Result) -> Check:
 
 @implements("priority.high_reject_rate")
 def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
-    cls = r.params["class_name"] or d.high_class(result)
-    if cls is None:
-        return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
-    names = _stage_list(r.params["stage"])
+    got = _high_class(result, r)
+    if isinstance(got, Check):
+        return got
+    cls, names = got
     c = d.counters(result, stage_names=names, classes=[cls])
     if c is None:
         return r.skipped(f"no counters for class '{cls}'")
