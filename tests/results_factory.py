@@ -209,7 +209,10 @@ def _class_results(
     return out
 
 
-def _stage(name: str, start: int, end: int, rate: float) -> dict[str, Any]:
+def stage(
+    name: str, start: float, end: float, rate: float | None = 100.0, **kw: Any
+) -> dict[str, Any]:
+    """A stage record of an open-loop stage (``kw`` adds or overrides fields)."""
     return {
         "name": name,
         "start_s": start,
@@ -217,6 +220,7 @@ def _stage(name: str, start: int, end: int, rate: float) -> dict[str, Any]:
         "kind": "open",
         "rate_rps": rate,
         "users": None,
+        **kw,
     }
 
 
@@ -316,7 +320,7 @@ def steady_state(rng: np.random.Generator) -> dict[str, Any]:
     windows, chunks, by_cls = _simulate(
         rng, dur, lambda t: 200.0, lambda t, c: 2.5 if c == "high" else 3.0
     )
-    stages = [_stage("steady", 0, dur, 200.0)]
+    stages = [stage("steady", 0, dur, 200.0)]
     by_class = _class_results(windows["rows"], by_cls)
     tot = _total_counters(by_class)
     n = tot["ok"]
@@ -552,7 +556,7 @@ def linearity(rng: np.random.Generator) -> dict[str, Any]:
 def soak(rng: np.random.Generator) -> dict[str, Any]:
     dur = 120
     windows, chunks, by_cls = _simulate(rng, dur, lambda t: 150.0, lambda t, c: 3.0 + t / 400)
-    stages = [_stage("soak", 0, dur, 150.0)]
+    stages = [stage("soak", 0, dur, 150.0)]
     by_class = _class_results(windows["rows"], by_cls)
     return scenario(
         "soak",
@@ -639,9 +643,9 @@ def invalid_spike(rng: np.random.Generator) -> dict[str, Any]:
         float(dur),
         check_config={"spike.recovery_s": {}},
         stages=[
-            _stage("baseline", 0, 5, 200.0),
-            _stage("spike", 5, 10, 900.0),
-            _stage("after", 10, dur, 200.0),
+            stage("baseline", 0, 5, 200.0),
+            stage("spike", 5, 10, 900.0),
+            stage("after", 10, dur, 200.0),
         ],
         counters=tot,
         by_class=by_class,

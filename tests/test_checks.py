@@ -12,7 +12,7 @@ import pytest
 from hdrh.histogram import HdrHistogram
 
 from harness.checks import REGISTRY, Check, resolve_params
-from tests.results_factory import scenario
+from tests.results_factory import scenario, stage
 
 MIB = 1024 * 1024
 
@@ -48,18 +48,6 @@ def result(**fields: Any) -> dict[str, Any]:
         float(fields.pop("duration_s", 60.0)),
         **(defaults | fields),
     )
-
-
-def stage(name: str, start: float, end: float, rate: float | None = 100.0, **kw: Any) -> dict:
-    return {
-        "name": name,
-        "start_s": start,
-        "end_s": end,
-        "kind": "open",
-        "rate_rps": rate,
-        "users": None,
-        **kw,
-    }
 
 
 def row(t: float, p99: float | None, ok: int = 100, cls: str = "default", **errors: int) -> dict:
