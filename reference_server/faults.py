@@ -107,7 +107,7 @@ FAULT_NAMES = (
 )
 
 FAULT_HELP = (
-    "test-only defect switch (repeatable), defaults after '=': leak-memory[:BYTES=4096], "
+    "test-only defect switch (repeatable), defaults after '=': leak-memory[:BYTES[,EVERY]=4096,1], "
     "leak-threads[:N=100], leak-fds[:N=100], no-batching, unbounded-queue, "
     "ignore-priority, cross-wire[:P=0.05], slow-start[:SECONDS=5], "
     "stall[:PERIOD_S,HOLD_S=10,0.5], late-leak[:BYTES[,AFTER_S]=4096,30] (leak only from "
