@@ -138,11 +138,16 @@ def reduce(
 
 def run_all(cases: Sequence[DetectionCase], runs: int, out: Path) -> list[Outcome]:
     out.mkdir(parents=True, exist_ok=True)
-    healthy = BY_NAME[CAPACITY_CASE]
-    first = run_case(healthy, str(out / "capacity"), None, cwd=str(ROOT))
-    capacity = capacity_of(first.doc)
-    print(f"capacity {capacity} req/s from {CAPACITY_CASE}", flush=True)
-    (out / "capacity.json").write_text(json.dumps({"capacity_rps": capacity}))
+    pinned = out / "capacity.json"
+    if pinned.exists():  # a later slice into the same directory keeps the first slice's pin
+        capacity = json.loads(pinned.read_text())["capacity_rps"]
+        print(f"capacity {capacity} req/s pinned by an earlier slice ({pinned})", flush=True)
+    else:
+        healthy = BY_NAME[CAPACITY_CASE]
+        first = run_case(healthy, str(out / "capacity"), None, cwd=str(ROOT))
+        capacity = capacity_of(first.doc)
+        print(f"capacity {capacity} req/s from {CAPACITY_CASE}", flush=True)
+        pinned.write_text(json.dumps({"capacity_rps": capacity}))
     outcomes: list[Outcome] = []
     for rep in range(1, runs + 1):
         for case in cases:
