@@ -63,6 +63,11 @@ class Target:
     url: str | None = None
     sut_pid: int | None = None
     model: str | None = None
+    # deployment options (harness.load.options): headers as "Name: value", validated
+    headers: tuple[str, ...] = ()
+    ca_cert: str | None = None
+    insecure: bool = False
+    metrics_url: str | None = None
 
     def __post_init__(self) -> None:
         if (self.sut_cmd is None) == (self.url is None):
@@ -72,8 +77,8 @@ class Target:
             )
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ConfigError(
-                f"--target has value {self.url!r}; expected an http:// URL such as "
-                "http://127.0.0.1:8000"
+                f"--target has value {self.url!r}; expected an http:// or https:// URL such "
+                "as http://127.0.0.1:8000"
             )
         if self.sut_cmd is not None:
             from harness.load.preflight import check_sut_cmd
@@ -91,10 +96,34 @@ class Target:
                 args += ["--sut-pid", str(self.sut_pid)]
         if self.model:
             args += ["--model", self.model]
+        if self.ca_cert:
+            args += ["--ca-cert", str(Path(self.ca_cert).resolve())]
+        if self.insecure:
+            args.append("--insecure")
+        if self.metrics_url:
+            args += ["--metrics-url", self.metrics_url]
         return args
 
+    def locust_env(self) -> dict[str, str]:
+        """The headers travel in the environment, not on the command line (``ps`` shows
+        a command line to every user of the machine; a bearer token must not be there)."""
+        return {"HARNESS_HEADER": json.dumps(list(self.headers))} if self.headers else {}
+
+    def client(self) -> Any:
+        """The load client's settings for this target (headers, TLS), for preflight."""
+        from harness.load import http
+
+        url = self.url or "http://127.0.0.1"
+        return http.Client.for_target(url, self.headers, self.ca_cert, self.insecure)
+
     def describe(self) -> dict[str, Any]:
-        return {"cmd": self.sut_cmd, "target": self.url, "pid": self.sut_pid, "model": self.model}
+        return {
+            "cmd": self.sut_cmd,
+            "target": self.url,
+            "pid": self.sut_pid,
+            "model": self.model,
+            "headers": [h.partition(":")[0].strip() for h in self.headers],  # names only
+        }
 
 
 @dataclass(frozen=True)
@@ -215,7 +244,7 @@ def run_one(
     out_dir.mkdir(parents=True, exist_ok=True)
     run = ScenarioRun(name=name, out_dir=out_dir)
     log_path = out_dir / "locust.log"
-    env = {**os.environ, **plan.env}
+    env = {**os.environ, **plan.env, **plan.target.locust_env()}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             scenario_argv(plan, name, out_dir),
@@ -393,8 +422,10 @@ def preflight(plan: Plan) -> list[tuple[str, str]]:
     """(name, reason) of each planned scenario this target cannot support, found before
     any load starts (harness.load.preflight)."""
     from harness.checks import load_checklist
-    from harness.load.preflight import TargetFacts, exclusions
+    from harness.load.preflight import TargetFacts, check_transport, exclusions
     from harness.load.scenario import load_scenario
+
+    check_transport(plan.target.url, plan.target.client())  # https: verifies, or exit 2
 
     cores = None
     args = list(plan.extra_args)

@@ -149,6 +149,31 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         "--model", default=None, help="model name on the server (V2 protocol); default: its own"
     )
     g.add_argument("--sut-cores", default=None, help="cores for a started server, e.g. 1 or 0-1")
+    g.add_argument(
+        "--header",
+        action="append",
+        default=None,
+        metavar="NAME:VALUE",
+        help="send this header with every request, e.g. 'Authorization: Bearer TOKEN' or "
+        "'Host: model.example.com' (repeatable; default: $HARNESS_HEADER, one header or a "
+        "JSON list). Results record the names only",
+    )
+    g.add_argument(
+        "--ca-cert",
+        default=None,
+        metavar="FILE",
+        help="https:// target: trust the CA in this PEM file (default: the system's CAs)",
+    )
+    g.add_argument(
+        "--insecure", action="store_true", help="https:// target: do not verify its certificate"
+    )
+    g.add_argument(
+        "--metrics-url",
+        default=None,
+        metavar="URL",
+        help="the server's Prometheus metrics when not at TARGET/metrics, e.g. "
+        "http://HOST:8002/metrics (Triton)",
+    )
     p.add_argument("--out", default=None, help="output directory (default: harness-results/NAME)")
     p.add_argument("--checklist", default=None, help="TOML overriding check thresholds")
     mode = p.add_mutually_exclusive_group()
@@ -216,7 +241,13 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
     sut_cmd = args.sut_cmd
     if sut_cmd is None and args.target is None:
         sut_cmd = default_sut_cmd()
-    target = Target(sut_cmd=sut_cmd, url=args.target, sut_pid=args.sut_pid, model=args.model)
+    target = Target(
+        sut_cmd=sut_cmd,
+        url=args.target,
+        sut_pid=args.sut_pid,
+        model=args.model,
+        **_deployment(args),
+    )
     if args.checklist is not None:
         from harness.checks import load_checklist
 
@@ -234,6 +265,33 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         extra_args=tuple(extra),
     )
     return _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
+
+
+def _deployment(args: argparse.Namespace) -> dict[str, Any]:
+    """--header/--ca-cert/--insecure/--metrics-url validated the way the Locust plugin
+    validates them (one ConfigError naming the fix, before anything starts)."""
+    import json
+    import os
+
+    from harness.load.options import deployment_options
+
+    headers = args.header
+    if headers is None and os.environ.get("HARNESS_HEADER"):
+        raw = os.environ["HARNESS_HEADER"]
+        try:
+            headers = json.loads(raw) if raw.startswith("[") else [raw]
+        except ValueError:
+            raise ConfigError(
+                "HARNESS_HEADER starts with '[' but is not a JSON list of strings; write "
+                '\'["Authorization: Bearer TOKEN", "Host: model.example.com"]\''
+            ) from None
+    ns = argparse.Namespace(
+        harness_header=headers,
+        ca_cert=args.ca_cert,
+        insecure=args.insecure,
+        metrics_url=args.metrics_url,
+    )
+    return deployment_options(ns)
 
 
 def _without_unsupported(plan: Any, single: bool) -> Any:

@@ -46,6 +46,8 @@ def test_new_document_is_stamped_with_run_metadata():
     assert doc["sut"] == {"target": "http://127.0.0.1:1", "pid": 7}
     assert set(doc["machine"]) == {
         "host",
+        "cpu_model",
+        "governor",
         "cpu_count",
         "affinity",
         "python",

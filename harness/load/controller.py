@@ -176,7 +176,9 @@ class HarnessState:
     def _start_side_tasks(self, prep: Preparation) -> None:
         base = prep.base_url or ""
         if self.opts.sample:
-            self.tasks.start_sampler(self.sut, self.out_dir / "samples", base + "/metrics")
+            self.tasks.start_sampler(
+                self.sut, self.out_dir / "samples", self.opts.metrics_url or base + "/metrics"
+            )
         self.tasks.start_chaos(self.scenario, self.sut, self.origin_unix or time.time())
         if self.sut.handle is not None:
             self.tasks.spawn(

@@ -26,7 +26,7 @@ import gevent
 import gevent.event
 
 from harness.errors import HarnessError, TargetUnavailable
-from harness.load import target
+from harness.load import http, target
 from harness.load.lifecycle import Lifecycle, RunState
 from harness.load.options import Options, scenario_for
 from harness.load.recording import Recording
@@ -149,6 +149,7 @@ class LoadProcess:
         if self.engine is not None:
             self.engine.close()
         self._cpu_at_plan = target.cpu_s()
+        http.configure(http.client_for(plan.base_url, self.opts))  # headers, TLS
         load = self.scenario.load
         self.engine = Engine(
             self.scenario,

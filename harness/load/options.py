@@ -35,15 +35,20 @@ class Options:
     verify: bool
     duration_s: float | None = None
     checklist: str | None = None
+    # deployment options (issue 13): header values are secrets — the results record names
+    headers: tuple[str, ...] = ()  # "Name: value", validated
+    ca_cert: str | None = None
+    insecure: bool = False
+    metrics_url: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """A plain dict for the master's plan message (harness.load.wire)."""
-        return {**asdict(self), "inputs": list(self.inputs)}
+        return {**asdict(self), "inputs": list(self.inputs), "headers": list(self.headers)}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Options:
         """The master's options as a worker gets them (fields checked by the caller)."""
-        return cls(**{**data, "inputs": tuple(data["inputs"])})
+        return cls(**{**data, "inputs": tuple(data["inputs"]), "headers": tuple(data["headers"])})
 
 
 def add_options(parser: Any) -> None:
@@ -183,6 +188,39 @@ def add_options(parser: Any) -> None:
         help="TOML file overriding check thresholds (see docs/checks.md)",
     )
     g.add_argument(
+        "--header",
+        dest="harness_header",
+        action="append",
+        default=None,
+        env_var="HARNESS_HEADER",
+        metavar="NAME:VALUE",
+        help="send this header with every request to the server, e.g. 'Authorization: Bearer "
+        "TOKEN' or 'Host: model.example.com' (repeatable; the environment variable holds one "
+        "or a JSON list). Results record the names only",
+    )
+    g.add_argument(
+        "--ca-cert",
+        default=None,
+        env_var="HARNESS_CA_CERT",
+        metavar="FILE",
+        help="https:// targets: trust the CA in this PEM file (default: the system's CAs)",
+    )
+    g.add_argument(
+        "--insecure",
+        action="store_true",
+        default=False,
+        env_var="HARNESS_INSECURE",
+        help="https:// targets: do not verify the server's certificate",
+    )
+    g.add_argument(
+        "--metrics-url",
+        default=None,
+        env_var="HARNESS_METRICS_URL",
+        metavar="URL",
+        help="the server's Prometheus metrics when not at HOST/metrics, e.g. "
+        "http://127.0.0.1:8002/metrics (Triton) or :8082/metrics (MLServer)",
+    )
+    g.add_argument(
         "--no-verify",
         action="store_true",
         default=False,
@@ -212,6 +250,7 @@ def options_from(parsed: Any) -> Options:
     inputs = parsed.harness_input or ()
     if isinstance(inputs, str):  # from the environment variable: comma-free, space-separated
         inputs = inputs.split()
+    deployment = deployment_options(parsed)
     return Options(
         scenario=parsed.scenario,
         mode=parsed.mode or "quick",
@@ -233,7 +272,35 @@ def options_from(parsed: Any) -> Options:
         verify=not parsed.no_verify,
         duration_s=parsed.duration,
         checklist=parsed.checklist,
+        **deployment,
     )
+
+
+def deployment_options(parsed: Any) -> dict[str, Any]:
+    """``--header``/``--ca-cert``/``--insecure``/``--metrics-url`` validated (ConfigError
+    naming the fix, never a header's value) into Options fields."""
+    from harness.load import http
+
+    headers = http.parse_headers(getattr(parsed, "harness_header", None))
+    ca_cert = getattr(parsed, "ca_cert", None) or None
+    insecure = bool(getattr(parsed, "insecure", False))
+    if ca_cert and insecure:
+        raise ConfigError(
+            "--ca-cert and --insecure are both set; verify with the CA or do not verify"
+        )
+    http.check_ca_cert(ca_cert)
+    metrics_url = getattr(parsed, "metrics_url", None) or None
+    if metrics_url is not None and not metrics_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"--metrics-url has value {metrics_url!r}; expected a URL such as "
+            "http://127.0.0.1:8002/metrics"
+        )
+    return {
+        "headers": tuple(f"{k}: {v}" for k, v in headers),
+        "ca_cert": ca_cert,
+        "insecure": insecure,
+        "metrics_url": metrics_url,
+    }
 
 
 def scenario_for(opts: Options) -> Scenario:

@@ -256,6 +256,8 @@ def fetch_json(
     ``on_status`` may raise a more precise error for a status other than 200 first."""
     try:
         status, body = http.request(url, "GET", timeout=timeout)
+    except http.TLSFailed as exc:
+        raise ConfigError(str(exc)) from None
     except (http.RequestTimeout, http.ConnectionFailed) as exc:
         raise TargetUnavailable(f"GET {url} failed: {exc}; is the server running?") from None
     if status != 200 and on_status is not None:

@@ -5,7 +5,9 @@ worse, pass something it did not measure: a "cold start" against a server that h
 warm for an hour). ``unsupported_reason`` says why, in one sentence naming the fix;
 ``harness run`` and a plain ``locust -f`` turn it into a usage error (exit 2) within
 seconds, and ``harness acceptance`` leaves the scenario out of its plan, names it with the
-reason in the verdict line, and runs the rest.
+reason in the verdict line, and runs the rest. ``check_transport`` does the same for the
+connection itself: an https:// target whose certificate does not verify is refused (exit 2)
+before any scenario starts.
 """
 
 from __future__ import annotations
@@ -61,6 +63,23 @@ def check_sut_cmd(cmd: str) -> None:
             f"--sut-cmd has value {cmd!r}: bad placeholder {e}. Valid placeholders: {{port}}, "
             "{threads} (write a literal brace as {{ or }})"
         ) from None
+
+
+def check_transport(url: str | None, client: Any, timeout_s: float = 5.0) -> None:
+    """An ``https://`` target: one TLS handshake before anything starts, so a certificate
+    that does not verify (or a port that does not speak TLS) is a usage error in seconds
+    naming --ca-cert/--insecure, not minutes of connection errors under load. A server
+    that does not answer at all is left to the readiness wait, which says so."""
+    from harness.load import http
+
+    if url is None or not client.tls:
+        return
+    try:
+        http.handshake(url, client, timeout_s)
+    except http.TLSFailed as exc:
+        raise ConfigError(str(exc)) from None
+    except http.ConnectionFailed:
+        return
 
 
 def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:

@@ -62,6 +62,8 @@ class Preparation:
         self.scenario = self.scenario.with_cores(self.sut_cores_n)
         self._check_threads_template()
         base = self.base_url = self.base()
+        # headers and TLS for every request from here on (a TLS failure: exit 2)
+        http.configure(http.client_for(base, self.opts))
         self._check_ready(base)
         server_meta = target.json_or_none(base + "/v2")
         model = self.model = self._model(base, server_meta)
@@ -77,6 +79,7 @@ class Preparation:
             self._calibrate(pool, max_batch)
         self._fresh_start()
         self.sut_doc = self.sut.describe(base, model, {"server": server_meta, "model": meta})
+        self.sut_doc.update(http.current().describe(), metrics_url=self.opts.metrics_url)
 
     def preflight(self) -> None:
         """Refuse (exit 2) a scenario this target cannot support, before starting anything."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError, TargetUnavailable
+from harness.errors import ConfigError, HarnessError, TargetUnavailable
 from harness.load import http, integrity, payloads
 
 log = logging.getLogger("harness.load")
@@ -88,8 +88,12 @@ def cpu_s() -> float:
 
 
 def get(url: str) -> tuple[int, bytes]:
+    """GET ``url`` → (status, body); (0, b"") when nothing answered. A TLS handshake that
+    fails is a configuration error (exit 2 naming --ca-cert/--insecure), not "no answer"."""
     try:
         return http.request(url, "GET", timeout=10.0)
+    except http.TLSFailed as exc:
+        raise ConfigError(str(exc)) from None
     except (http.RequestTimeout, http.ConnectionFailed):
         return 0, b""
 
@@ -140,10 +144,16 @@ def start_sampler(
     ]
     if pid_file is not None:
         cmd += ["--pid-file", str(pid_file)]
+    env = None
+    ca_cert = http.current().ca_cert
+    if ca_cert is not None:
+        # the scraper's urllib trusts what OpenSSL's default paths name: an https://
+        # metrics URL signed by the --ca-cert CA verifies like the load's requests do
+        env = {**os.environ, "SSL_CERT_FILE": os.path.abspath(ca_cert)}
     log_file = open(out / "sampler.log", "wb")  # noqa: SIM115 (the child holds it)
     try:
         return subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
     finally:
         log_file.close()

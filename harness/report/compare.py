@@ -13,8 +13,11 @@ whatever its margin. p99 is compared only when both runs have ≥ 1,000 samples 
 from fewer has a confidence interval too wide to compare: docs/checks.md): below that the row says "insufficient samples", never "unchanged".
 
 Numbers from different machines are not comparable: runs whose ``machine`` metadata differ
-in cpu_count, affinity, python or host are refused (ResultFormatError naming the field)
-unless ``force=True`` (``--force``), and then the difference is printed as a warning.
+in CPU model, governor, cpu_count, affinity or python are refused (ResultFormatError
+naming the field) unless ``force=True`` (``--force``), and then the difference is printed
+as a warning. The hostname is not compared: every ephemeral CI runner has its own, on the
+same hardware class. Documents written before the CPU model was recorded fall back to the
+hostname (nothing else says the CPU is the same).
 """
 
 from __future__ import annotations
@@ -40,7 +43,20 @@ from harness.report.common import (
 from harness.results import load_document, metadata_mismatch
 
 # Fields whose difference makes two runs incomparable (pyperf refuses the same way).
-COMPARED_MACHINE_FIELDS = ("cpu_count", "affinity", "python", "host")
+COMPARED_MACHINE_FIELDS = ("cpu_model", "governor", "cpu_count", "affinity", "python")
+
+
+def compared_machine_fields(
+    a: Mapping[str, Any] | None, b: Mapping[str, Any] | None
+) -> tuple[str, ...]:
+    """The ``machine`` fields two runs must share: the CPU's identity when both documents
+    record it, else (older documents) the hostname in its place."""
+    a, b = a or {}, b or {}
+    if "cpu_model" in a and "cpu_model" in b:
+        return COMPARED_MACHINE_FIELDS
+    return ("host", *(f for f in COMPARED_MACHINE_FIELDS if f not in ("cpu_model", "governor")))
+
+
 REGRESSED, IMPROVED, UNCHANGED = "regressed", "improved", "unchanged"
 INSUFFICIENT, MISSING, NEW, NOT_JUDGED = (
     "insufficient samples",
@@ -362,8 +378,9 @@ def compare(
     """Compare two results documents metric by metric (see the module docstring)."""
     m = margins or Margins()
     warnings: list[str] = []
-    for fld in COMPARED_MACHINE_FIELDS:
-        diff = metadata_mismatch(base_doc.get("machine"), new_doc.get("machine"), [fld])
+    machines = (base_doc.get("machine"), new_doc.get("machine"))
+    for fld in compared_machine_fields(*machines):
+        diff = metadata_mismatch(*machines, [fld])
         if diff is None:
             continue
         _, a, b = diff
@@ -373,7 +390,12 @@ def compare(
                 f"cannot compare runs from different machines: {msg}; numbers are not comparable — pass --force to compare anyway"
             )
         warnings.append(f"{msg} (compared anyway: --force)")
-    for section, fld in (("machine", "platform"), ("machine", "harness_version"), ("sut", "cmd")):
+    for section, fld in (
+        ("machine", "host"),
+        ("machine", "platform"),
+        ("machine", "harness_version"),
+        ("sut", "cmd"),
+    ):
         a = (base_doc.get(section) or {}).get(fld)
         b = (new_doc.get(section) or {}).get(fld)
         if a != b:

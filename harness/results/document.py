@@ -10,7 +10,10 @@ misread the new one; keep a golden file of every version in ``tests/data/``):
 - ``harness.results/1`` (harness 0.1.0): first version. Top level ``schema``,
   ``harness_version``, ``created``, ``verdict``, ``partial``, ``machine``, ``sut``,
   ``loadgen``, ``scenarios``; latency histograms are base64 HDR (µs). Additive since:
-  ``linearity.usl`` (the fitted USL parameters; filled on load when absent).
+  ``linearity.usl`` (the fitted USL parameters; filled on load when absent);
+  ``machine.cpu_model`` and ``machine.governor`` (what ``compare`` matches machines on:
+  ephemeral CI runners differ in hostname, not in CPU); ``sut.headers`` (names only),
+  ``sut.tls`` and ``sut.metrics_url``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,31 @@ VERDICTS: tuple[str, ...] = ("fail", "invalid", "not_judged", "pass")
 _VERDICT_RANK = {v: len(VERDICTS) - i for i, v in enumerate(VERDICTS)}
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU's model name (Linux ``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("model name", "Model", "cpu model"):
+                    return " ".join(value.split()) or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def cpu_governor(
+    path: str = "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
+) -> str | None:
+    """The CPU frequency governor (``performance``, ``powersave``, …); None where the
+    kernel exposes none (most VMs and containers: the host decides)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def machine_metadata() -> dict[str, Any]:
     """Describe the machine this process runs on (what ``compare``/``merge`` check)."""
     try:
@@ -56,6 +84,8 @@ def machine_metadata() -> dict[str, Any]:
         affinity = None
     return {
         "host": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "governor": cpu_governor(),
         "cpu_count": os.cpu_count(),
         "affinity": affinity,
         "python": platform.python_version(),

@@ -271,6 +271,39 @@ class Excluded(TypedDict):
     reason: str
 
 
+class Machine(TypedDict):
+    """Where the numbers were measured (``compare`` matches machines on the CPU, not on the
+    hostname; merging needs every field equal)."""
+
+    host: str
+    cpu_count: int | None
+    affinity: list[int] | None
+    python: str
+    platform: str
+    harness_version: str
+    cpu_model: NotRequired[str | None]  # /proc/cpuinfo "model name"
+    governor: NotRequired[str | None]  # cpufreq scaling governor; None in most VMs
+
+
+class Tls(TypedDict):
+    ca_cert: str | None  # the --ca-cert file; None = the system's CAs
+    verify: bool  # False with --insecure
+
+
+class Sut(TypedDict):
+    """The server under test (an open map: ``config`` is what the server says)."""
+
+    target: NotRequired[str | None]
+    pid: NotRequired[int | None]
+    cmd: NotRequired[str | None]
+    model: NotRequired[str | None]
+    cores: NotRequired[list[int] | None]
+    config: NotRequired[dict[str, Any]]
+    headers: NotRequired[list[str]]  # the --header NAMES sent; never their values
+    tls: NotRequired[Tls | None]  # https:// targets
+    metrics_url: NotRequired[str | None]  # --metrics-url when given
+
+
 class Document(TypedDict):
     """The whole ``results.json`` (the envelope is built by ``new_document``)."""
 
@@ -279,8 +312,8 @@ class Document(TypedDict):
     created: str
     verdict: Verdict | None
     partial: bool
-    machine: dict[str, Any]
-    sut: dict[str, Any] | None
+    machine: Machine
+    sut: Sut | None
     loadgen: dict[str, Any] | None
     scenarios: list[ScenarioResult]
     excluded: NotRequired[list[Excluded]]
