@@ -2,7 +2,7 @@
 
 Each subcommand is a pair: ``_add_<name>(subparsers)`` declares its options and sets
 ``handler``; the handler takes the parsed namespace and returns an exit code. To add a
-subcommand (``acceptance``, ``run``, ``report``, ``compare``), write the pair and list the
+subcommand (``acceptance``, ``run``, ``report``, ``judge``, ``compare``), write the pair and list the
 ``_add_`` function in ``SUBCOMMANDS``. Library code below the CLI gets frozen config
 objects, never the namespace.
 """
@@ -414,6 +414,26 @@ def _run_report(args: argparse.Namespace) -> int:
     return exit_code_for(load_document(Path(args.dir) / "results.json"))
 
 
+def _add_judge(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "judge",
+        help="judge DIR/results.json (checks, validity, verdict), rewrite it, render the reports",
+    )
+    p.add_argument("dir", help="a directory holding results.json")
+    p.add_argument("--checklist", default=None, help="TOML file overriding check thresholds")
+    p.set_defaults(handler=_run_judge)
+
+
+def _run_judge(args: argparse.Namespace) -> int:
+    """The same judging as the end of a run (``harness.finish``): for results written by a
+    run that was killed before it judged them, or judged again under another checklist."""
+    from harness.finish import finish, verdict_line
+
+    doc, code = finish(args.dir, args.checklist)
+    print(f"{verdict_line(doc)} (exit {int(code)})")
+    return code
+
+
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
@@ -448,6 +468,7 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_run,
     _add_sample,
     _add_report,
+    _add_judge,
     _add_compare,
 )
 

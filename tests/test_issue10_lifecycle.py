@@ -136,6 +136,8 @@ def test_master_lifecycle_walks_a_complete_run_and_a_web_ui_restart() -> None:
     lc.advance(S.WRITTEN)
     lc.advance(S.JUDGED)
     assert lc.history[-1] is S.JUDGED
+    lc.advance(S.PREPARING)  # the web UI judges each run before the next start
+    assert lc.state is S.PREPARING
 
 
 @pytest.mark.parametrize(
@@ -146,7 +148,7 @@ def test_master_lifecycle_walks_a_complete_run_and_a_web_ui_restart() -> None:
         ((S.PREPARING, S.FAILED), S.RUNNING),  # a failed preparation never runs
         ((S.PREPARING, S.READY, S.RUNNING, S.DRAINING), S.DRAINING),  # finalised once
         ((S.PREPARING, S.READY, S.ABORTED), S.COMPLETED),  # an aborted run is not complete
-        ((S.PREPARING, S.READY, S.DRAINING, S.WRITING, S.WRITTEN, S.JUDGED), S.PREPARING),
+        ((S.PREPARING, S.READY, S.DRAINING, S.WRITING, S.WRITTEN, S.JUDGED), S.DRAINING),
     ],
 )
 def test_master_lifecycle_refuses_an_illegal_transition_naming_both_states(

@@ -22,6 +22,8 @@ import contextlib
 import json
 import logging
 import os
+import re
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
+import gevent.subprocess
 from locust.runners import MasterRunner, WorkerRunner
 
+from harness import results
 from harness.errors import ExitCode, HarnessError
 from harness.load import finalisation, integrity
 from harness.load.distribution import LOCAL, Finals, LoadProcess, send_plans
 from harness.load.lifecycle import COLLECTING, ON_DISK, STOPPABLE, Lifecycle, RunState
-from harness.load.options import Options, scenario_for
+from harness.load.options import Options, options_from, scenario_for
 from harness.load.preparation import Preparation
 from harness.load.recording import Recording
 from harness.load.scenario import Scenario, Stage
@@ -54,6 +58,7 @@ WRITE_EVERY_S = 30.0  # partial results.json while a run is going (a killed soak
 PLAN_LEAD_S = 1.0  # t = 0 this far after preparation: time for plans and spawns to land
 PROGRESS_EVERY_S = 1.0  # --out/progress.json, read by `harness acceptance` for its live line
 PROGRESS_SPAN_S = 5.0  # the live req/s and p99 cover the last this many seconds
+JUDGE_TIMEOUT_S = 300.0  # `harness judge` of a web UI run (checks, reports)
 
 S = RunState
 
@@ -66,7 +71,13 @@ class HarnessState:
         self.opts = options
         self.scenario: Scenario = scenario_for(options)
         self.lifecycle = Lifecycle.master()
-        self.sut = SutControl(options, self.out_dir)  # outlives a run (web UI restarts)
+        # Started from the web UI, every start is a run of its own: options from the start
+        # form, results in --out/run-N/, judged when it ends (not when Locust quits).
+        self.web = getattr(environment, "web_ui", None) is not None and not self.is_worker
+        self.run_dir = Path(options.out)
+        self.runs: list[dict[str, Any]] = []  # web UI: every run so far, with its verdict
+        self.judging: gevent.Greenlet | None = None
+        self.sut = SutControl(options, Path(options.out))  # outlives a run (web UI restarts)
         self.load = LoadProcess(environment, options, self.scenario, self.is_worker)
         self._written = gevent.event.Event()  # set once a run's final results are on disk
         self._new_run()
@@ -85,6 +96,7 @@ class HarnessState:
         self.ended_unix: float | None = None
         self.partial = False
         self.cpu_by_source: dict[str, float] = {}  # load processes' CPU seconds since the plan
+        self.judged_doc: dict[str, Any] | None = None  # web UI: this run's document, judged
         self._written.clear()
 
     @property
@@ -97,7 +109,8 @@ class HarnessState:
 
     @property
     def out_dir(self) -> Path:
-        return Path(self.opts.out)
+        """This run's directory: --out, or --out/run-N/ for a run started from the web UI."""
+        return self.run_dir
 
     @property
     def engine(self) -> Engine | None:
@@ -115,12 +128,16 @@ class HarnessState:
 
     def prepare(self) -> bool:
         """From the shape's tick: prepare a run not yet prepared; whether it can go on."""
-        if self.lifecycle.state not in (S.IDLE, S.WRITTEN):
+        if self.lifecycle.state not in (S.IDLE, S.WRITTEN, S.JUDGED):
             return self.lifecycle.state in (S.READY, S.RUNNING)
         self.lifecycle.advance(S.PREPARING)
+        if self.web:
+            self.run_dir = next_run_dir(Path(self.opts.out))
         self._new_run()
         self.prep = prep = Preparation(self.opts, self.scenario, self.env.host, self.sut)
         try:
+            if self.web:
+                prep = self._web_run_options()
             prep.run()
             self.scenario = prep.scenario
             if self.lifecycle.state is not S.PREPARING:
@@ -135,6 +152,22 @@ class HarnessState:
             self.lifecycle.advance_if(S.FAILED)
             return False
         return self.lifecycle.advance_if(S.READY)
+
+    def _web_run_options(self) -> Preparation:
+        """A web UI start: the options as the start form left them (checked again here;
+        the form's submit was refused already if they were wrong) and a new run dir."""
+        self.opts = options_from(self.env.parsed_options, form=True)
+        self.scenario = scenario_for(self.opts)
+        self.run_dir = next_run_dir(Path(self.opts.out))
+        self._new_run()
+        self.load.opts, self.load.scenario = self.opts, self.scenario
+        self.sut.reconfigure(self.opts)
+        if self.opts.sut_cmd and not self.env.host:
+            from harness import sut
+
+            self.env.host = f"http://127.0.0.1:{sut.free_port()}"
+        self.prep = Preparation(self.opts, self.scenario, self.env.host, self.sut)
+        return self.prep
 
     def shape_tick(self) -> Stage | None:
         """The stage the shape runs now; None once the stages ran out or the run stopped."""
@@ -327,6 +360,42 @@ class HarnessState:
             return  # not started, or already finalising / finalised
         finalisation.finish_run(self)
         self._written.set()
+        if self.web:
+            self.judging = gevent.spawn(self._judge_web_run)
+
+    def _judge_web_run(self) -> None:
+        """A web UI run's end: ``harness judge`` on its directory, in a child process (the
+        reports' plots would hold this process's gevent loop, i.e. the UI, for seconds)."""
+        run: dict[str, Any] = {
+            "name": self.run_dir.name,
+            "dir": str(self.run_dir),
+            "scenario": self.scenario.name,
+            "verdict": None,
+            "exit_code": None,
+            "line": "judging…",
+        }
+        self.runs.append(run)
+        cmd = [sys.executable, "-m", "harness", "judge", str(self.run_dir)]
+        if self.opts.checklist:
+            cmd += ["--checklist", self.opts.checklist]
+        try:
+            proc = gevent.subprocess.run(
+                cmd, capture_output=True, text=True, timeout=JUDGE_TIMEOUT_S, check=False
+            )
+            code, said = proc.returncode, (proc.stdout.strip() or proc.stderr.strip())
+        except (OSError, gevent.subprocess.TimeoutExpired) as exc:
+            code, said = int(ExitCode.INVALID), f"harness judge failed: {exc}"
+        doc = None
+        with contextlib.suppress(HarnessError, OSError, ValueError):
+            doc = results.load_document(self.run_dir / "results.json")
+        run.update(
+            verdict=(doc or {}).get("verdict"),
+            exit_code=code,
+            line=said.splitlines()[-1] if said else f"harness judge exited {code}",
+        )
+        self.judged_doc = doc
+        log.warning("harness: %s: %s — %s", run["name"], run["line"], self.run_dir / "report.html")
+        self.judged()
 
     def wait_written(self, timeout: float) -> bool:
         """Wait for a finalisation under way elsewhere (another greenlet) to write."""
@@ -352,8 +421,26 @@ class HarnessState:
         if self.lifecycle.state is S.WRITTEN:
             self.lifecycle.advance(S.JUDGED)
 
+    def wait_judged(self, timeout: float) -> dict[str, Any] | None:
+        """Web UI: wait for the last run's judging; that run's record (None: no run)."""
+        if self.judging is not None:
+            self.judging.join(timeout)
+        return self.runs[-1] if self.runs else None
+
     def shutdown(self) -> None:
         """At quit: stop what this process started (the SUT last)."""
         self.tasks.shutdown(self.out_dir / "samples")
         self.load.close()
         self.sut.stop()
+
+
+def next_run_dir(base: Path) -> Path:
+    """``base/run-N`` with N one past the highest already there: a run started from the
+    web UI never overwrites an earlier one, even across Locust restarts."""
+    taken = [0]
+    with contextlib.suppress(OSError):
+        for p in base.iterdir():
+            m = re.fullmatch(r"run-(\d+)", p.name)
+            if m and p.is_dir():
+                taken.append(int(m.group(1)))
+    return base / f"run-{max(taken) + 1}"

@@ -63,6 +63,14 @@ def is_partial(state: HarnessState) -> bool:
 
 def write_results(state: HarnessState, partial: bool, samples: dict[str, Any] | None) -> Path:
     """``--out/results.json`` from what the run has so far (atomically replaced)."""
+    doc = build_document(state, partial, samples)
+    return results.write_document(state.out_dir / "results.json", doc)
+
+
+def build_document(
+    state: HarnessState, partial: bool, samples: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The results document of what the run has so far (also the web UI's live view)."""
     end = state.ended_unix or time.time()
     prep = state.prep
     sc = scenario_result(
@@ -98,4 +106,4 @@ def write_results(state: HarnessState, partial: bool, samples: dict[str, Any] | 
     )
     doc["partial"] = partial
     doc["scenarios"].append(sc)
-    return results.write_document(state.out_dir / "results.json", doc)
+    return doc

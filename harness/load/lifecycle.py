@@ -12,7 +12,7 @@ master / local runner (``MASTER``)::
                        └─► failed                           ▼
                              └──────────────────────────► draining ─► writing ─► written ─► judged
                                                                                     │
-    (the web UI's next start: written ─► preparing)  ◄──────────────────────────────┘
+    (the web UI's next start: written or judged ─► preparing) ◄─────────────────────┘
 
 - ``preparing``: SUT, metadata, golden outputs, calibration, the plans out;
 - ``failed``: preparation raised; the run measures nothing, its results carry the error;
@@ -74,7 +74,7 @@ MASTER: Mapping[RunState, frozenset[RunState]] = {
     S.DRAINING: frozenset({S.WRITING}),
     S.WRITING: frozenset({S.WRITTEN}),
     S.WRITTEN: frozenset({S.JUDGED, S.PREPARING}),
-    S.JUDGED: frozenset(),
+    S.JUDGED: frozenset({S.PREPARING}),
 }
 
 WORKER: Mapping[RunState, frozenset[RunState]] = {

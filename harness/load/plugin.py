@@ -23,7 +23,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from harness import sut
 from harness.errors import ExitCode, HarnessError
 from harness.finish import finish, verdict_line
-from harness.load.controller import HarnessState
+from harness.load.controller import JUDGE_TIMEOUT_S, HarnessState
 from harness.load.finalisation import FINALS_GRACE_S
 from harness.load.options import add_options, options_from
 from harness.load.shape import ScenarioShape
@@ -53,7 +53,17 @@ def register(environment: Any) -> HarnessState | None:
         environment.host = f"http://127.0.0.1:{sut.free_port()}"
         parsed.host = environment.host
     environment.harness = state
+    if getattr(parsed, "run_time", None):
+        log.info(
+            "harness: -t/--run-time %s s is the scenario's length: its stages are scaled to "
+            "it, as --duration does (Locust's 'ignored' warning does not apply to this shape)",
+            parsed.run_time,
+        )
     runner = environment.runner
+    if state.web:
+        from harness.load import webui
+
+        webui.install(environment, state)
     if not isinstance(runner, WorkerRunner):
         # Locust installs its own SIGTERM handler only after a headless shape run ends, so
         # until then a SIGTERM would kill it outright and lose the results: stop the test
@@ -132,6 +142,13 @@ def _on_quitting(environment: Any, **_: Any) -> None:
     elif state.finalising:
         # finalising on another greenlet (a SIGTERM while the workers' finals come in)
         state.wait_written(state.scenario.load.request_timeout_s + FINALS_GRACE_S + 30.0)
+    if state.web and (state.runs or state.judging is not None):
+        # started from the web UI: each run was judged when it ended (into its own
+        # directory); the process exits with the last run's code
+        last = state.wait_judged(JUDGE_TIMEOUT_S)
+        if last is not None and last.get("exit_code") is not None:
+            environment.process_exit_code = int(last["exit_code"])
+            return
     if state.exit_code == ExitCode.USAGE or not state.on_disk:
         # a usage error (already logged as one line), or nothing was measured
         environment.process_exit_code = int(

@@ -41,6 +41,18 @@ class SutControl:
         self.handle: SutHandle | None = None
         self._restarting = gevent.lock.BoundedSemaphore(1)  # held while a sweep restarts it
 
+    def reconfigure(self, opts: Options) -> None:
+        """A web UI start with the start form's options: a server started from another
+        command (or on other cores) than the form now names is stopped, to be started anew
+        by ``ensure``; one attached by another pid is let go."""
+        before = self.opts
+        self.opts = opts
+        if (before.sut_cmd, before.sut_cores) != (opts.sut_cmd, opts.sut_cores) and self.owned:
+            self.stop()
+            self.handle = None
+        elif before.sut_pid != opts.sut_pid and not self.owned:
+            self.handle = None
+
     @property
     def owned(self) -> bool:
         """The harness started this server (and may restart and must stop it)."""
