@@ -51,13 +51,23 @@ class Options:
         return cls(**{**data, "inputs": tuple(data["inputs"]), "headers": tuple(data["headers"])})
 
 
+HARNESS_DESTS: set[str] = set()  # the plugin's option names (the web form's harness fields)
+WEB_FORM_HIDDEN = ("--quick", "--full", "--header")
+
+
 def add_options(parser: Any) -> None:
-    g = parser.add_argument_group("harness", "Inference load & chaos harness")
+    g = parser.add_argument_group(
+        "harness",
+        "Inference load & chaos harness. The scenario decides users and rates stage by stage: "
+        "-u/--users and -r/--spawn-rate are refused; -t/--run-time sets the scenario's length "
+        "(its stages scaled, as --duration does).",
+    )
     g.add_argument(
         "--scenario",
         default="steady_state",
         env_var="HARNESS_SCENARIO",
-        help="scenario name (scenarios/NAME.toml) or path to a .toml file",
+        help="scenario name (scenarios/NAME.toml) or path to a .toml file; it sets the users "
+        "and rates of every stage (Locust's users and spawn rate do not apply)",
     )
     g.add_argument(
         "--mode",
@@ -179,7 +189,8 @@ def add_options(parser: Any) -> None:
         type=float,
         default=None,
         env_var="HARNESS_DURATION",
-        help="stretch or shrink the scenario's stages to this many seconds in all",
+        help="stretch or shrink the scenario's stages to this many seconds in all "
+        "(-t/--run-time does the same)",
     )
     g.add_argument(
         "--checklist",
@@ -227,10 +238,79 @@ def add_options(parser: Any) -> None:
         env_var="HARNESS_NO_VERIFY",
         help="skip golden outputs and response integrity checks",
     )
+    # Locust's start form shows an option only when it carries include_in_web_ui (its
+    # parser's own add_argument sets it; a group's does not). Not shown: --quick/--full
+    # (--mode's shorthands; the form shows --mode's choices) and --header (its values are
+    # credentials: the form would print them into the page; they stay command-line only).
+    for action in g._group_actions:
+        action.include_in_web_ui = action.option_strings[0] not in WEB_FORM_HIDDEN
+        HARNESS_DESTS.add(action.dest)
 
 
-def options_from(parsed: Any) -> Options:
-    """Validated Options from Locust's parsed options (a ConfigError names the bad one)."""
+# Options whose value Locust's web UI hands back as text (the start form edits every
+# custom option as a string when its default is None): converted here like argparse would.
+_NUMERIC: Mapping[str, tuple[type, str]] = {
+    "sut_pid": (int, "sut-pid"),
+    "closed_loop": (int, "closed-loop"),
+    "seed": (int, "seed"),
+    "max_in_flight": (int, "max-in-flight"),
+    "calibrate_s": (float, "calibrate-s"),
+    "capacity_rps": (float, "capacity-rps"),
+    "request_timeout": (float, "request-timeout"),
+    "ready_timeout": (float, "ready-timeout"),
+    "duration": (float, "duration"),
+}
+_TEXT = ("model", "sut_cmd", "sut_cores", "sample_request", "checklist")
+
+USERS_REFUSED = (
+    "{flag} {value} does not apply: the scenario sets users and rates stage by stage "
+    "(scenarios/*.toml; open-loop stages are rates relative to the measured capacity) — "
+    "drop {flag}, or pass --closed-loop USERS to run every stage closed loop with USERS users"
+)
+
+
+def _form_value(parsed: Any, name: str) -> Any:
+    """``parsed.name`` as argparse would have typed it (web-form text converted)."""
+    value = getattr(parsed, name, None)
+    if name in _NUMERIC and isinstance(value, str):
+        kind, flag = _NUMERIC[name]
+        if not value.strip():
+            return None
+        try:
+            return kind(value.strip())
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"--{flag} has value {value!r}; expected {what}") from None
+    if name in _TEXT and isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+def common_options(parsed: Any, form: bool = False) -> float | None:
+    """Locust's own -t/-u/-r against a scenario: ``-t`` is the scenario's length (its
+    stages scaled, as ``--duration`` does; both at once must agree), ``-u``/``-r`` are
+    refused with the reason (on the command line: the web form hides them, and Locust
+    fills them in after a headless start). Returns the duration they ask for, if any."""
+    for attr, flag in (("num_users", "-u/--users"), ("spawn_rate", "-r/--spawn-rate")):
+        value = getattr(parsed, attr, None)
+        if value is not None and not form:
+            raise ConfigError(USERS_REFUSED.format(flag=flag, value=value))
+    run_time = getattr(parsed, "run_time", None)
+    duration = _form_value(parsed, "duration")
+    if run_time and duration is not None and abs(float(run_time) - duration) > 1e-9:
+        raise ConfigError(
+            f"-t/--run-time {run_time} s and --duration {duration:g} s disagree; both set the "
+            "scenario's length — give one"
+        )
+    return float(run_time) if run_time else duration
+
+
+def options_from(parsed: Any, form: bool = False) -> Options:
+    """Validated Options from Locust's parsed options (a ConfigError names the bad one):
+    the command line's, or (``form``) as the web UI's start form left them, its text
+    converted like argparse would."""
+    parsed = _Typed(parsed)
+    duration = common_options(parsed, form)
 
     def positive(name: str, value: float | None) -> None:
         if value is not None and not value > 0:
@@ -242,7 +322,7 @@ def options_from(parsed: Any) -> Options:
     positive("request-timeout", parsed.request_timeout)
     positive("ready-timeout", parsed.ready_timeout)
     positive("closed-loop", parsed.closed_loop)
-    positive("duration", parsed.duration)
+    positive("duration", duration)
     if parsed.sut_cmd and parsed.sut_pid:
         raise ConfigError(
             "--sut-cmd and --sut-pid are both set; start a server or attach to one, not both"
@@ -270,7 +350,7 @@ def options_from(parsed: Any) -> Options:
         ready_timeout_s=parsed.ready_timeout,
         sample=not parsed.no_sample,
         verify=not parsed.no_verify,
-        duration_s=parsed.duration,
+        duration_s=duration,
         checklist=parsed.checklist,
         **deployment,
     )
@@ -301,6 +381,16 @@ def deployment_options(parsed: Any) -> dict[str, Any]:
         "insecure": insecure,
         "metrics_url": metrics_url,
     }
+
+
+class _Typed:
+    """A read-only view of Locust's parsed options with the web form's text typed."""
+
+    def __init__(self, parsed: Any) -> None:
+        self._parsed = parsed
+
+    def __getattr__(self, name: str) -> Any:
+        return _form_value(self._parsed, name)
 
 
 def scenario_for(opts: Options) -> Scenario:
