@@ -27,6 +27,26 @@ def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str,
     return doc
 
 
+def judge_live(
+    scenario_result: Mapping[str, Any], checklist: str | Path | None = None
+) -> dict[str, Any]:
+    """A judged copy of one scenario result of a run still going (the web UI's live
+    Checklist tab): the same checks and validity rules as the end of the run."""
+    import copy
+
+    from harness.checks import judge_scenario, load_checklist
+
+    sc = copy.deepcopy(dict(scenario_result))
+    judge_scenario(sc, load_checklist(checklist) if checklist is not None else None)
+    return sc
+
+
+def load_judging() -> None:
+    """Import the checks now (numpy, scipy: about a second), not on the first live
+    snapshot a web UI asks for while the load runs."""
+    import harness.checks  # noqa: F401
+
+
 def exit_code_for(doc: Mapping[str, Any]) -> ExitCode:
     """0 pass · 1 a check failed · 3 invalid, or interrupted before anything failed ·
     4 nothing was judged. A failure anywhere wins: it is a finding about the server,

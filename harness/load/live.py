@@ -8,7 +8,8 @@ runs of this Locust process with their verdicts.
 
 The check values come from the code that writes and judges ``results.json``: a live
 snapshot builds the partial results document ``finalisation`` would write now (with the
-sampler's files read so far) and judges a copy with ``harness.checks.judge_scenario``;
+sampler's files read so far) and judges a copy (``harness.finish.judge_live``: the
+checks and validity rules of the end of the run);
 once the run is judged, the tab shows the judged document itself. While the run goes a
 check is **pending** — its value is what the run has measured so far, not a verdict;
 the verdict arrives when the run ends, from ``harness judge``.
@@ -22,7 +23,6 @@ generator's process. ``cpu_s`` counts what it spent (``bench/webui_cost.py``).
 from __future__ import annotations
 
 import contextlib
-import copy
 import csv
 import io
 import time
@@ -54,6 +54,9 @@ class LiveView:
         self._cache: dict[str, Any] | None = None
         self._key: tuple[Any, ...] | None = None
         self._next = 0.0
+        from harness.finish import load_judging
+
+        load_judging()  # now, not on the first snapshot asked for while the load runs
 
     def snapshot(self) -> dict[str, Any]:
         """The live model; recomputed when the run changed state or its interval passed."""
@@ -108,20 +111,17 @@ class LiveView:
             return (scs[0] if scs else None), True
         if st.lifecycle.state not in COLLECTING or st.prep is None:
             return None, False
-        from harness.checks import judge_scenario, load_checklist
+        from harness.finish import judge_live
         from harness.load import finalisation
 
         samples = None
         with contextlib.suppress(HarnessError, OSError, ValueError):
             samples = _read_samples(st.out_dir / "samples")
         doc = finalisation.build_document(st, partial=True, samples=samples)
-        sc = copy.deepcopy(doc["scenarios"][0])
-        overrides = None
-        if st.opts.checklist:
-            with contextlib.suppress(HarnessError, OSError):
-                overrides = load_checklist(st.opts.checklist)
-        judge_scenario(sc, overrides)
-        return sc, False
+        try:
+            return judge_live(doc["scenarios"][0], st.opts.checklist), False
+        except (HarnessError, OSError):  # the checklist file went away mid-run
+            return judge_live(doc["scenarios"][0]), False
 
     def _stages(self, t: float | None) -> list[dict[str, Any]]:
         st = self.state
@@ -270,7 +270,8 @@ def server_now(samples_dir: Path) -> dict[str, Any] | None:
 
     rows = _tail_rows(samples_dir / "threads.csv")
     t_last = max((num(r, "t") or 0.0 for r in rows), default=None)
-    threads = [r for r in rows if num(r, "t") == t_last]
+    # that tick's threads that used any CPU (pidstat -t lists idle ones too; a tab has no room)
+    threads = [r for r in rows if num(r, "t") == t_last and (num(r, "cpu_pct") or 0.0) > 0.0]
     threads.sort(key=lambda r: num(r, "cpu_pct") or 0.0, reverse=True)
     return {
         "t": num(last, "t"),

@@ -42,7 +42,7 @@ TAB = "harness-checklist"
 SERVED = ("report.html", "summary.md", "junit.xml", "results.json")
 COLUMNS = [
     {"key": "section", "title": "Section"},
-    {"key": "name", "title": "Name"},
+    {"key": "item", "title": "Name"},  # not "name": Locust's tables sort by a "name" key
     {"key": "value", "title": "Value"},
     {"key": "limit", "title": "Limit"},
     {"key": "n", "title": "n"},
@@ -72,8 +72,6 @@ def install(environment: Any, state: HarnessState) -> LiveView | None:
     if web_ui is None:
         return None
     from flask import Blueprint, Response, abort, jsonify, request, send_from_directory
-
-    import harness.checks  # noqa: F401 (imported now, not on the first snapshot the tab asks for)
 
     live = LiveView(state)
     web_ui.template_args["extendedTabs"] = [{"title": "Checklist", "key": TAB}]
@@ -210,7 +208,7 @@ def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "section": section,
-                "name": name,
+                "item": name,
                 "value": value,
                 "limit": limit,
                 "n": n,
@@ -315,7 +313,7 @@ def index_page(snap: dict[str, Any]) -> str:
         for r in reversed(snap["runs"])
     )
     check_rows = "".join(
-        f"<tr><td>{e(row['section'])}</td><td>{e(str(row['name']))}</td><td>{e(str(row['value']))}</td>"
+        f"<tr><td>{e(row['section'])}</td><td>{e(str(row['item']))}</td><td>{e(str(row['value']))}</td>"
         f"<td>{e(str(row['limit']))}</td><td>{e(str(row['n']))}</td><td>{e(str(row['state']))}</td></tr>"
         for row in table_rows(snap)
         if row["section"] != "runs"

@@ -1,0 +1,295 @@
+"""Issue 11: the checklist in Locust's web UI, driven by a real browser.
+
+Debian's ``chromium`` and ``chromium-driver`` (installed by ``.ci/run`` with apt) run
+headless under Selenium. Each test starts ``locust -f locustfiles/inference.py`` with its
+web UI on loopback and the bundled reference server (``--sut-cmd``), fills Locust's start
+form, starts the scenario, opens the **Checklist** tab, waits for the verdict there and
+compares the tab with the run's ``results.json``. Locust and its server are stopped by
+pid in ``finally``. Screenshots land in the test's tmp dir (and in
+``$HARNESS_SCREENSHOT_DIR`` when set: that is how README's picture is made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.load.webui import _fmt
+from tests.locust_helpers import MECHANICS_CHECKLIST, REPO, locust_cmd, stop
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a [test] extra")
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip(
+        "Debian's chromium and chromium-driver are not installed (.ci/run installs them: "
+        "apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
+
+from selenium.webdriver.common.by import By  # noqa: E402
+
+SERVER = f"{sys.executable} -m reference_server --model mlp --port {{port}} --workers {{threads}}"
+FOUR = ("results.json", "report.html", "summary.md", "junit.xml")
+RUN_S = "8"  # the scenario's length in the start form: stages scaled to it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.3)
+
+
+def _until(what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,1100",
+    ):
+        opts.add_argument(arg)
+    from selenium.webdriver.chrome.service import Service
+
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Ui:
+    """Locust's React UI as a user drives it: the start form and the Checklist tab."""
+
+    def __init__(self, driver: Any, url: str, shots: Path) -> None:
+        self.d, self.url, self.shots = driver, url, shots
+
+    def open(self) -> None:
+        self.d.get(self.url)
+        _until("the start form", lambda: self._buttons("start"), 30, 0.3)
+
+    def _buttons(self, text: str) -> list[Any]:
+        return [
+            b
+            for b in self.d.find_elements(By.TAG_NAME, "button")
+            if b.is_displayed() and b.text.strip().lower() == text
+        ]
+
+    def fill(self, **fields: str) -> None:
+        """Custom parameters by their form names (Locust camel-cases the option names)."""
+        for b in self.d.find_elements(By.XPATH, "//*[text()='Custom parameters']"):
+            if b.is_displayed():
+                b.click()
+        for name, value in fields.items():
+            box = _until(
+                f"the {name} field",
+                lambda n=name: [e for e in self.d.find_elements(By.NAME, n) if e.is_displayed()],
+                10,
+                0.3,
+            )[0]
+            box.clear()
+            box.send_keys(value)
+
+    def start(self) -> None:
+        self._buttons("start")[0].click()
+
+    def new_run(self) -> None:
+        """After a run: Locust's "New" button opens the start form again."""
+        _until("the New button", lambda: self._buttons("new"), 60, 0.5)[0].click()
+        _until("the start form", lambda: self._buttons("start"), 30, 0.3)
+
+    def checklist(self) -> dict[str, list[dict[str, str]]]:
+        """The Checklist tab's rows by section (opens the tab)."""
+        tabs = [
+            t
+            for t in self.d.find_elements(By.CSS_SELECTOR, "[role=tab]")
+            if t.text.strip().lower() == "checklist"
+        ]
+        if not tabs:
+            return {}
+        tabs[0].click()
+        heads = [
+            h.text.strip().lower() for h in self.d.find_elements(By.CSS_SELECTOR, "table thead th")
+        ]
+        by: dict[str, list[dict[str, str]]] = {}
+        for tr in self.d.find_elements(By.CSS_SELECTOR, "table tbody tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            row = dict(zip(heads, cells, strict=False))
+            by.setdefault(row.get("section", ""), []).append(row)
+        return by
+
+    def verdict_of(self, run: str, timeout: float = 180.0) -> dict[str, list[dict[str, str]]]:
+        """Wait until the tab lists ``run`` among the judged runs; the tab's rows then."""
+
+        def judged() -> dict[str, list[dict[str, str]]] | None:
+            try:
+                rows = self.checklist()
+            except Exception:  # the React tree re-rendered under us: read it again
+                return None
+            done = [r for r in rows.get("runs", []) if r["name"] == run]
+            return rows if done and done[0]["state"] != "judging" else None
+
+        rows = _until(f"{run}'s verdict in the Checklist tab", judged, timeout, 1.0)
+        self.d.save_screenshot(str(self.shots / f"checklist-{run}.png"))
+        if os.environ.get("HARNESS_SCREENSHOT_DIR"):
+            self.d.save_screenshot(
+                os.path.join(os.environ["HARNESS_SCREENSHOT_DIR"], f"checklist-{run}.png")
+            )
+        return rows
+
+
+def _assert_tab_equals_results(
+    rows: dict[str, list[dict[str, str]]], run_dir: Path
+) -> dict[str, Any]:
+    """Every check the run's results.json judged is in the tab with the same value, limit,
+    sample size and verdict (formatted the way the tab formats them)."""
+    doc = json.loads((run_dir / "results.json").read_text())
+    sc = doc["scenarios"][0]
+    tab = {r["name"]: r for r in rows["check"]}  # the "Name" column
+    assert set(tab) == {c["id"] for c in sc["checks"]}, (sorted(tab), sc["checks"])
+    for c in sc["checks"]:
+        row = tab[c["id"]]
+        state = {True: "PASS", False: "FAIL", None: "NOT JUDGED"}[c["passed"]]
+        assert row["state"] == state, (c, row)
+        assert row["value"] == _fmt(c["value"], c.get("unit")), (c, row)
+        assert row["n"] == _fmt(c.get("n")), (c, row)
+        if c.get("threshold") is not None:
+            assert row["limit"] == f"{c['op']} {_fmt(c['threshold'])}", (c, row)
+    (run_row,) = rows["run"]
+    assert run_row["state"] == str(doc["verdict"]).upper(), (run_row, doc["verdict"])
+    return doc
+
+
+def _locust(*args: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        locust_cmd(*args), cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
+
+
+def test_issue11_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_tab(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Standalone: run 1 healthy (PASS), run 2 with a cross-wiring server named in the
+    start form (FAIL on integrity.mismatches in the tab before Locust quits); each run
+    in its own directory with the four outputs; the tab equals results.json."""
+    port, out = _free_port(), tmp_path / "out"
+    proc = _locust(
+        "--web-host", "127.0.0.1", "--web-port", str(port),
+        "--scenario", "integrity", "--quick", "--out", str(out),
+        "--checklist", MECHANICS_CHECKLIST, "--sut-cmd", SERVER,
+        log=tmp_path / "locust.log",
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        _wait_http(url)
+        ui = Ui(browser, url, tmp_path)
+        ui.open()
+        ui.fill(duration=RUN_S)
+        ui.start()
+        rows = ui.verdict_of("run-1")
+        doc = _assert_tab_equals_results(rows, out / "run-1")
+        assert doc["verdict"] == "pass", (out / "run-1" / "summary.md").read_text()
+
+        ui.new_run()
+        ui.fill(duration=RUN_S, sutCmd=SERVER + " --fault cross-wire:0.03")
+        ui.start()
+        rows = ui.verdict_of("run-2")
+        assert proc.poll() is None  # decided while Locust still runs
+        doc = _assert_tab_equals_results(rows, out / "run-2")
+        mism = next(r for r in rows["check"] if r["name"] == "integrity.mismatches")
+        judged = next(c for c in doc["scenarios"][0]["checks"] if c["id"] == "integrity.mismatches")
+        assert mism["state"] == "FAIL" and judged["value"] > 0, (mism, judged)
+        assert "cross-wire" in doc["sut"]["cmd"]  # the form's command ran, not the CLI's
+        for run in ("run-1", "run-2"):
+            assert all((out / run / f).is_file() for f in FOUR), sorted(os.listdir(out / run))
+        listed = {r["name"]: r["state"] for r in rows["runs"]}
+        assert listed == {"run-1": "PASS", "run-2": "FAIL"}, rows["runs"]
+        # the UI serves each run's outputs
+        served = urllib.request.urlopen(url + "harness/runs/run-2/summary.md").read().decode()
+        assert "integrity.mismatches" in served and "FAIL" in served
+    finally:
+        stop(proc)
+    assert proc.returncode == 1, (tmp_path / "locust.log").read_text()[-3000:]  # run-2 failed
+
+
+def test_issue11_ui_on_a_distributed_master_judges_with_its_worker(
+    browser: Any, tmp_path: Path
+) -> None:
+    """A master with the web UI and one worker: the tab shows the run's verdict and it
+    equals results.json; the load came from the worker."""
+    web, master = _free_port(), _free_port()
+    out = tmp_path / "out"
+    proc = _locust(
+        "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(master),
+        "--web-host", "127.0.0.1", "--web-port", str(web),
+        "--scenario", "integrity", "--quick", "--out", str(out),
+        "--checklist", MECHANICS_CHECKLIST, "--sut-cmd", SERVER,
+        log=tmp_path / "master.log",
+    )  # fmt: skip
+    worker = _locust(
+        "--worker", "--master-host", "127.0.0.1", "--master-port", str(master),
+        log=tmp_path / "worker.log",
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{web}/"
+        _wait_http(url)
+        _until(
+            "the worker to connect",
+            lambda: (
+                json.loads(urllib.request.urlopen(url + "stats/requests").read())["worker_count"]
+                == 1
+            ),
+            60,
+            0.5,
+        )
+        ui = Ui(browser, url, tmp_path)
+        ui.open()
+        ui.fill(duration=RUN_S)
+        ui.start()
+        rows = ui.verdict_of("run-1")
+        doc = _assert_tab_equals_results(rows, out / "run-1")
+        assert doc["verdict"] == "pass", (out / "run-1" / "summary.md").read_text()
+        assert doc["loadgen"]["workers"] == 1
+        assert doc["scenarios"][0]["counters"]["ok"] > 0
+    finally:
+        stop(worker)
+        stop(proc)
