@@ -51,6 +51,8 @@ class LiveView:
         self.state = state
         self.cpu_s = 0.0  # CPU seconds spent building snapshots (bench/webui_cost.py)
         self.snapshots = 0
+        self.polls = 0  # the UI's /stats/requests polls the tab rode on (harness.load.webui)
+        self.poll_cpu_s = 0.0  # CPU seconds those polls spent on the tab, snapshots included
         self._cache: dict[str, Any] | None = None
         self._key: tuple[Any, ...] | None = None
         self._next = 0.0

@@ -25,6 +25,7 @@ import copy
 import html
 import json
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,13 +86,15 @@ def install(environment: Any, state: HarnessState) -> LiveView | None:
     def _extend_stats(response: Response) -> Response:
         if request.path != "/stats/requests" or response.status_code != 200:
             return response
+        t0 = time.thread_time()
         body = response.get_json(silent=True)
-        if not isinstance(body, dict):
-            return response
-        body["extended_stats"] = [{"key": TAB, "data": table_rows(live.snapshot())}]
-        if going(state) and body.get("state") not in ("spawning", "running"):
-            body["state"] = "running"  # keep the UI polling until the verdict is in
-        response.set_data(json.dumps(body))
+        if isinstance(body, dict):
+            body["extended_stats"] = [{"key": TAB, "data": table_rows(live.snapshot())}]
+            if going(state) and body.get("state") not in ("spawning", "running"):
+                body["state"] = "running"  # keep the UI polling until the verdict is in
+            response.set_data(json.dumps(body))
+        live.polls += 1
+        live.poll_cpu_s += time.thread_time() - t0  # the tab's whole cost, snapshot included
         return response
 
     @web_ui.app.before_request
@@ -118,7 +121,13 @@ def install(environment: Any, state: HarnessState) -> LiveView | None:
     @auth
     def _live() -> Response:
         snap = live.snapshot()
-        return jsonify({**snap, "cost": {"cpu_s": live.cpu_s, "snapshots": live.snapshots}})
+        cost = {
+            "snapshot_cpu_s": live.cpu_s,
+            "snapshots": live.snapshots,
+            "poll_cpu_s": live.poll_cpu_s,
+            "polls": live.polls,
+        }
+        return jsonify({**snap, "cost": cost})
 
     @bp.route("/runs/<name>/<path:filename>")
     @auth
