@@ -1,0 +1,476 @@
+"""The agent's HTTP server: sampler sessions and leased chaos actions on its own host.
+
+Why the pieces are shaped this way:
+
+* Every apply and revert runs on one long-lived worker thread: a CPU hog asks the kernel
+  to kill it when the thread that spawned it ends (``PR_SET_PDEATHSIG``), and the
+  request threads of ``ThreadingHTTPServer`` end with each request.
+* The actions are the chaos package's own (``DEFAULT_ACTIONS``: idempotent, thread-safe
+  ``revert``), built against an ``AttachedSut`` for the pid on this host, so what the
+  evidence rules read (hog CPU seconds and affinity, pids seen stopped) is observed here,
+  where it happened.
+* A lease: every authenticated request renews it. When the master's heartbeat stops for
+  ``lease_s`` (master killed, network cut), a watcher thread reverts every applied action
+  and stops every sampler, as the timeline's ``finally``/atexit/signal handlers would on
+  one host. The agent's own exit (SIGTERM/SIGINT, atexit) does the same.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import hmac
+import itertools
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from harness.chaos.base import Action
+from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
+from harness.errors import ConfigError, HarnessError
+
+API = "/v1"
+DEFAULT_LEASE_S = 10.0
+# files of a sampler directory the agent serves (nothing else under its root)
+SAMPLE_FILE = re.compile(r"^(?:[a-z_]+\.csv|sampler\.json|sampler\.log)$")
+# CSVs are served up to their last complete line, so an incremental copy never holds half
+# a row (the sampler appends whole rows; a read may land mid-write)
+APPEND_ONLY = (".csv", ".log")
+
+
+class Forbidden(HarnessError):
+    """An action outside the agent's allow-list (HTTP 403)."""
+
+
+class NotFound(HarnessError):
+    """No such process, sampler, action or file on the agent's host (HTTP 404)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    token: str
+    allow: tuple[str, ...] = ("cpu_hog", "pause", "kill")
+    bind: str = "127.0.0.1"
+    port: int = 8765
+    lease_s: float = DEFAULT_LEASE_S
+    root: str | None = None  # sampler directories (default: a fresh temporary directory)
+    sample_interval_s: float = 1.0
+    actions: Mapping[str, ActionFactory] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
+
+    def validate(self) -> AgentConfig:
+        if not self.token:
+            raise ConfigError(
+                "harness agent needs a token: pass --token or set HARNESS_AGENT_TOKEN (the "
+                "master passes the same with --agent-token)"
+            )
+        unknown = [a for a in self.allow if a not in self.actions]
+        if unknown:
+            raise ConfigError(
+                f"--allow has {', '.join(unknown)}; valid: {', '.join(self.actions)} "
+                "(comma-separated)"
+            )
+        if not self.lease_s > 0:
+            raise ConfigError(f"--lease has value {self.lease_s}; expected seconds > 0")
+        return self
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _attach(pid: int) -> Any:
+    from harness import sut
+
+    try:
+        return sut.attach(int(pid))
+    except HarnessError:
+        raise NotFound(
+            f"no process {pid} on the agent's host {socket.gethostname()}: give the server's "
+            "pid there (--sut-pid is the pid on the agent's host)"
+        ) from None
+
+
+@dataclass
+class _Sampler:
+    id: str
+    dir: Path
+    proc: subprocess.Popen
+
+
+class Agent:
+    """The agent's state: samplers, applied actions and the lease (no HTTP in here)."""
+
+    def __init__(self, config: AgentConfig, *, clock: Callable[[], float] = time.monotonic):
+        self.config = config.validate()
+        self.clock = clock
+        self.root = Path(config.root or tempfile.mkdtemp(prefix="harness-agent-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self.samplers: dict[str, _Sampler] = {}
+        self.active: dict[str, Action] = {}  # applied, not yet reverted
+        self.done: dict[str, Action] = {}  # reverted (their detail stays readable)
+        self.expired: list[dict[str, Any]] = []  # what the lease reverted, and when
+        self.last_beat = clock()
+        # one thread outlives every hog it spawns (PR_SET_PDEATHSIG is per thread)
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-chaos")
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # -- lease ----------------------------------------------------------------------------
+
+    def beat(self) -> None:
+        self.last_beat = self.clock()
+
+    def start_lease(self) -> None:
+        self._watcher = threading.Thread(target=self._watch, name="agent-lease", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        every = min(1.0, self.config.lease_s / 4)
+        while not self._stop.wait(every):
+            self.check_lease()
+
+    def check_lease(self) -> bool:
+        """Revert everything when no request came for ``lease_s``; whether it did."""
+        silent = self.clock() - self.last_beat
+        with self._lock:
+            busy = bool(self.active) or any(s.proc.poll() is None for s in self.samplers.values())
+        if not busy or silent < self.config.lease_s:
+            return False
+        self.expired.append({"silent_s": round(silent, 3), "actions": sorted(self.active)})
+        self.release(f"lease expired: no word from the master for {silent:.1f} s")
+        return True
+
+    def release(self, reason: str) -> None:
+        """Revert every applied action and stop every sampler (idempotent)."""
+        with self._lock:
+            ids = sorted(self.active, reverse=True)
+        for aid in ids:
+            with contextlib.suppress(Exception):
+                self.revert(aid, reason=reason)
+        with self._lock:
+            samplers = list(self.samplers.values())
+        for s in samplers:
+            _stop_proc(s.proc)
+
+    def shutdown(self, reason: str = "exit") -> None:
+        self._stop.set()
+        self.release(f"agent {reason}")
+        self._worker.shutdown(wait=False)
+
+    # -- facts ----------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "host": socket.gethostname(),
+            "cpu_model": cpu_model(),
+            "cores": os.cpu_count(),
+            "allow": list(self.config.allow),
+            "lease_s": self.config.lease_s,
+            "time": time.time(),
+        }
+
+    def process(self, pid: int) -> dict[str, Any]:
+        h = _attach(pid)
+        return {
+            "pid": h.pid,
+            "alive": h.alive(),
+            "pids": h.pids(),
+            "cores": list(h.cores),
+            "cmd": h.cmd,
+        }
+
+    # -- chaos ----------------------------------------------------------------------------
+
+    def _build(self, name: str, params: Mapping[str, Any], pid: int) -> Action:
+        if name not in self.config.allow:
+            raise Forbidden(
+                f"action {name!r} is not allowed on this agent (allowed: "
+                f"{', '.join(self.config.allow) or 'none'}); start it with --allow "
+                f"{','.join([*self.config.allow, name])}"
+            )
+        return self.config.actions[name](_attach(pid), dict(params))
+
+    def check(self, name: str, params: Mapping[str, Any], pid: int) -> dict[str, Any]:
+        """Build the action without applying it: its params, or the error it would raise."""
+        return {"params": self._build(name, params, pid).params}
+
+    def apply(self, name: str, params: Mapping[str, Any], pid: int) -> dict[str, Any]:
+        action = self._build(name, params, pid)
+        aid = f"a{next(self._ids)}"
+        with self._lock:
+            self.active[aid] = action
+        try:
+            self._worker.submit(action.apply).result()
+        except Exception:
+            self.revert(aid)
+            raise
+        return {"id": aid, "params": action.params, "detail": dict(action.detail)}
+
+    def revert(self, aid: str, reason: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            action = self.active.pop(aid, None) or self.done.get(aid)
+        if action is None:
+            raise NotFound(f"no action {aid!r} on this agent")
+        if not action.reverted:
+            if self._stop.is_set() or threading.current_thread().name.startswith("agent-"):
+                action.revert()  # the worker may be gone (exit) or be this thread
+            else:
+                self._worker.submit(action.revert).result()
+            if reason:
+                action.detail["interrupted"] = reason
+        with self._lock:
+            self.done[aid] = action
+        return {"id": aid, "detail": dict(action.detail)}
+
+    # -- samplers -------------------------------------------------------------------------
+
+    def start_sampler(self, pid: int, metrics_url: str | None = None) -> dict[str, Any]:
+        _attach(pid)
+        sid = f"s{next(self._ids)}"
+        out = self.root / sid
+        out.mkdir(parents=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness",
+            "sample",
+            "--pid",
+            str(pid),
+            "--out",
+            str(out),
+            "--interval",
+            str(self.config.sample_interval_s),
+        ]
+        if metrics_url:
+            cmd += ["--metrics-url", metrics_url]
+        with open(out / "sampler.log", "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        with self._lock:
+            self.samplers[sid] = _Sampler(sid, out, proc)
+        return {"id": sid, "pid": proc.pid}
+
+    def _sampler(self, sid: str) -> _Sampler:
+        with self._lock:
+            s = self.samplers.get(sid)
+        if s is None:
+            raise NotFound(f"no sampler {sid!r} on this agent")
+        return s
+
+    def stop_sampler(self, sid: str) -> dict[str, Any]:
+        s = self._sampler(sid)
+        code = _stop_proc(s.proc)
+        return {"id": sid, "returncode": code}
+
+    def files(self, sid: str) -> dict[str, int]:
+        s = self._sampler(sid)
+        return {
+            p.name: p.stat().st_size for p in sorted(s.dir.iterdir()) if SAMPLE_FILE.match(p.name)
+        }
+
+    def read(self, sid: str, name: str, offset: int = 0) -> bytes:
+        s = self._sampler(sid)
+        if not SAMPLE_FILE.match(name) or not (s.dir / name).is_file():
+            raise NotFound(f"no file {name!r} in sampler {sid}")
+        with open(s.dir / name, "rb") as f:
+            f.seek(max(0, offset))
+            data = f.read()
+        if name.endswith(APPEND_ONLY) and s.proc.poll() is None:
+            data = data[: data.rfind(b"\n") + 1]
+        return data
+
+    def remove_sampler(self, sid: str) -> None:
+        s = self._sampler(sid)
+        _stop_proc(s.proc)
+        with self._lock:
+            self.samplers.pop(sid, None)
+        shutil.rmtree(s.dir, ignore_errors=True)
+
+
+def _stop_proc(proc: subprocess.Popen) -> int | None:
+    """SIGTERM by pid (the sampler closes its files), SIGKILL if it lingers."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+# -- HTTP -------------------------------------------------------------------------------
+
+
+def _status(exc: Exception) -> int:
+    if isinstance(exc, Forbidden):
+        return 403
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, (ConfigError, ValueError, KeyError, TypeError)):
+        return 400
+    return 500
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "harness-agent/1"
+    agent: Agent  # set on the class by make_server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per request would be the agent's main output; errors are answered
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, doc: Any) -> None:
+        self._send(status, json.dumps(doc).encode())
+
+    def _authorised(self) -> bool:
+        given = self.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self.agent.config.token.encode()
+        )
+        if not ok:
+            self._json(
+                401,
+                {
+                    "error": "missing or wrong bearer token: the master's "
+                    "--agent-token (or HARNESS_AGENT_TOKEN) must equal the agent's "
+                    "--token",
+                    "kind": "auth",
+                },
+            )
+        return ok
+
+    def _body(self) -> dict[str, Any]:
+        n = int(self.headers.get("Content-Length") or 0)
+        if not n:
+            return {}
+        doc = json.loads(self.rfile.read(n))
+        if not isinstance(doc, dict):
+            raise ValueError("the request body is not a JSON object")
+        return doc
+
+    def _dispatch(self, method: str) -> None:
+        if not self._authorised():
+            return
+        a = self.agent
+        a.beat()
+        url = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        parts = url.path.removeprefix(API).strip("/").split("/")
+        try:
+            body = self._body() if method == "POST" else {}
+            route = (method, *parts)
+            match route:
+                case ("GET", "info"):
+                    doc: Any = a.info()
+                case ("POST", "heartbeat"):
+                    doc = {"time": time.time()}
+                case ("GET", "process"):
+                    doc = a.process(int(q["pid"]))
+                case ("POST", "actions", "check"):
+                    doc = a.check(body["action"], body.get("params") or {}, int(body["pid"]))
+                case ("POST", "actions"):
+                    doc = a.apply(body["action"], body.get("params") or {}, int(body["pid"]))
+                case ("POST", "actions", aid, "revert"):
+                    doc = a.revert(aid)
+                case ("POST", "samplers"):
+                    doc = a.start_sampler(int(body["pid"]), body.get("metrics_url"))
+                case ("POST", "samplers", sid, "stop"):
+                    doc = a.stop_sampler(sid)
+                case ("POST", "samplers", sid, "remove"):
+                    a.remove_sampler(sid)
+                    doc = {"id": sid}
+                case ("GET", "samplers", sid, "files"):
+                    doc = a.files(sid)
+                case ("GET", "samplers", sid, "files", name):
+                    data = a.read(sid, name, int(q.get("offset", 0)))
+                    self._send(200, data, "application/octet-stream")
+                    return
+                case _:
+                    self._json(404, {"error": f"no route {method} {url.path}", "kind": "route"})
+                    return
+        except Exception as exc:  # answered, never a dead request thread
+            kind = type(exc).__name__
+            self._json(_status(exc), {"error": f"{exc}" or kind, "kind": kind})
+            return
+        self._json(200, doc)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+
+def make_server(agent: Agent) -> ThreadingHTTPServer:
+    handler = type("AgentHandler", (Handler,), {"agent": agent})
+    httpd = ThreadingHTTPServer((agent.config.bind, agent.config.port), handler)
+    httpd.daemon_threads = True
+    return httpd
+
+
+def serve(config: AgentConfig, ready: Callable[[str], None] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; every applied action is reverted on the way out."""
+    agent = Agent(config)
+    try:
+        httpd = make_server(agent)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {config.bind}:{config.port} ({exc.strerror}); pick another "
+            "--port or --bind"
+        ) from None
+    atexit.register(agent.shutdown, "exit")
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        agent.shutdown(signal.Signals(signum).name)
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    agent.start_lease()
+    host, port = httpd.server_address[:2]
+    if ready is not None:
+        ready(f"http://{host}:{port}")
+    try:
+        httpd.serve_forever(poll_interval=0.5)
+    finally:
+        agent.shutdown("exit")
+        httpd.server_close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        atexit.unregister(agent.shutdown)
+    return 0

@@ -1,0 +1,309 @@
+"""``harness agent`` (issue 13): a real agent in this process on a loopback port, real
+processes paused and hogged through it. Token, allow-list, the lease that undoes chaos
+when the master goes quiet, clock-offset math, and samples copied back unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from harness.agent.client import (
+    AgentClient,
+    AgentRefused,
+    RemoteSut,
+    clock_offset,
+    connect_sut,
+    shift_meta,
+)
+from harness.agent.server import Agent, AgentConfig, make_server
+from harness.chaos.base import proc_state
+from harness.chaos.timeline import Timeline
+from harness.errors import ConfigError
+
+TOKEN = "s3cret-token"
+
+
+class Running:
+    def __init__(self, agent: Agent, url: str) -> None:
+        self.agent, self.url = agent, url
+
+
+def _start(tmp_path: Path, **kw) -> tuple[Running, callable]:
+    agent = Agent(AgentConfig(token=TOKEN, port=0, root=str(tmp_path / "agent"), **kw))
+    httpd = make_server(agent)
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    agent.start_lease()
+
+    def stop() -> None:
+        agent.shutdown("test end")
+        httpd.shutdown()
+        httpd.server_close()
+
+    return Running(agent, f"http://127.0.0.1:{httpd.server_address[1]}"), stop
+
+
+@pytest.fixture
+def agent(tmp_path) -> Iterator[Running]:
+    running, stop = _start(tmp_path)
+    yield running
+    stop()
+
+
+@pytest.fixture
+def server_proc() -> Iterator[subprocess.Popen]:
+    """A stand-in server: an idle python process (paused and hogged, never killed)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield p
+    p.kill()
+    p.wait(5)
+
+
+def _event(action: str, duration_s: float, **params) -> SimpleNamespace:
+    return SimpleNamespace(at_s=0.0, action=action, params=params, duration_s=duration_s)
+
+
+def _until(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+# -- access ----------------------------------------------------------------------------
+
+
+def test_issue13_agent_token_refused(agent, server_proc) -> None:
+    with pytest.raises(AgentRefused, match="refused the token"):
+        AgentClient(agent.url, "wrong").call("GET", "info")
+    with pytest.raises(ConfigError, match="--agent-token"):
+        AgentClient(agent.url, None)
+    # no Authorization header at all: 401 as well, and nothing leaks the real token
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{agent.url}/v1/info", timeout=5)
+    assert e.value.code == 401
+    assert TOKEN not in e.value.read().decode()
+    assert AgentClient(agent.url, TOKEN).call("GET", "info")["host"]
+
+
+def test_issue13_agent_refuses_to_start_without_token(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="HARNESS_AGENT_TOKEN"):
+        AgentConfig(token="").validate()
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_AGENT_TOKEN"}
+    r = subprocess.run(
+        [sys.executable, "-m", "harness", "agent", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "--token" in r.stderr
+
+
+def test_issue13_agent_unreachable_or_wrong_pid_is_exit_2(agent) -> None:
+    with pytest.raises(ConfigError, match="unreachable") as e:
+        connect_sut("http://127.0.0.1:9", TOKEN, 123)
+    assert e.value.exit_code == 2
+    with pytest.raises(ConfigError, match="no process 999999999 on the agent's host"):
+        connect_sut(agent.url, TOKEN, 999999999)
+    with pytest.raises(ConfigError, match="--sut-pid"):
+        connect_sut(agent.url, TOKEN, None)
+
+
+def test_issue13_agent_allow_list(tmp_path, server_proc) -> None:
+    running, stop = _start(tmp_path, allow=("pause",))
+    try:
+        events = [_event("cpu_hog", 5.0, cores=1)]
+        with pytest.raises(ConfigError, match=r"chaos\[0\] \(cpu_hog\).*--allow pause,cpu_hog"):
+            connect_sut(running.url, TOKEN, server_proc.pid, events)
+        # refused at apply too (a master that skipped the check): 403, nothing spawned
+        client = AgentClient(running.url, TOKEN)
+        with pytest.raises(AgentRefused, match="not allowed"):
+            client.call(
+                "POST",
+                "actions",
+                {
+                    "action": "cpu_hog",
+                    "params": {"cores": 1, "duration_s": 5},
+                    "pid": server_proc.pid,
+                },
+            )
+        assert not running.agent.active
+        # a bad parameter of an allowed action is exit 2 as well, with the action's message
+        with pytest.raises(ConfigError, match="pause.duration_s"):
+            connect_sut(running.url, TOKEN, server_proc.pid, [_event("pause", 0.0)])
+    finally:
+        stop()
+
+
+# -- chaos through the agent ---------------------------------------------------------
+
+
+def test_issue13_agent_timeline_pause_records_evidence(agent, server_proc) -> None:
+    """The timeline runs the agent's pause like a local one: the record carries what the
+    agent's kernel showed (pids stopped, then continued)."""
+    sut = connect_sut(agent.url, TOKEN, server_proc.pid, [_event("pause", 0.3)])
+    try:
+        tl = Timeline([_event("pause", 0.3)], sut, actions=sut.chaos_actions, handle_signals=False)
+        records = tl.run()
+    finally:
+        sut.close()
+    (rec,) = records
+    assert rec["ok"] and rec["end_s"] is not None, rec
+    assert rec["detail"]["stopped"] == [server_proc.pid]
+    assert rec["detail"]["still_stopped"] == [server_proc.pid]
+    assert rec["detail"]["agent_host"]
+    assert proc_state(server_proc.pid) not in ("T", "t")
+
+
+def test_issue13_agent_lease_expiry_reverts_pause_and_hog(tmp_path, server_proc) -> None:
+    """The master goes quiet (no heartbeat, no request): after the lease the agent itself
+    continues the paused server and kills the hog — and not before."""
+    running, stop = _start(tmp_path, lease_s=0.6)
+    try:
+        client = AgentClient(running.url, TOKEN)
+        pause = client.call(
+            "POST",
+            "actions",
+            {"action": "pause", "params": {"duration_s": 60}, "pid": server_proc.pid},
+        )
+        hog = client.call(
+            "POST",
+            "actions",
+            {
+                "action": "cpu_hog",
+                "params": {"cores": 1, "duration_s": 60, "pin": "none"},
+                "pid": server_proc.pid,
+            },
+        )
+        (hog_pid,) = hog["detail"]["pids"]
+        assert proc_state(server_proc.pid) in ("T", "t")
+        assert psutil.pid_exists(hog_pid)
+        # heartbeats keep the lease: 1.2 s of them (2 × the lease) and both still hold
+        for _ in range(6):
+            client.call("POST", "heartbeat")
+            time.sleep(0.2)
+        assert proc_state(server_proc.pid) in ("T", "t")
+        assert psutil.Process(hog_pid).status() != psutil.STATUS_ZOMBIE
+        # silence: reverted by the agent
+        assert _until(lambda: proc_state(server_proc.pid) not in ("T", "t"), 5.0)
+        assert _until(lambda: not psutil.pid_exists(hog_pid), 5.0)
+        assert running.agent.expired and not running.agent.active
+        # the master, back, reads why (revert by id answers the detail)
+        detail = client.call("POST", f"actions/{pause['id']}/revert")["detail"]
+        assert "lease expired" in detail["interrupted"]
+    finally:
+        stop()
+
+
+def test_issue13_agent_exit_reverts(tmp_path, server_proc) -> None:
+    running, stop = _start(tmp_path)
+    client = AgentClient(running.url, TOKEN)
+    client.call(
+        "POST", "actions", {"action": "pause", "params": {"duration_s": 60}, "pid": server_proc.pid}
+    )
+    assert proc_state(server_proc.pid) in ("T", "t")
+    stop()  # what SIGTERM/SIGINT/atexit call
+    assert proc_state(server_proc.pid) not in ("T", "t")
+
+
+def test_issue13_agent_sigterm_reverts(tmp_path, server_proc) -> None:
+    """The real `harness agent` process: SIGTERM while a pause is applied continues it."""
+    port = _free_port()
+    env = {**os.environ, "HARNESS_AGENT_TOKEN": TOKEN}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "harness", "agent", "--port", str(port), "--dir", str(tmp_path)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "listening on" in p.stderr.readline()
+        client = AgentClient(f"http://127.0.0.1:{port}", TOKEN)
+        client.call(
+            "POST",
+            "actions",
+            {"action": "pause", "params": {"duration_s": 60}, "pid": server_proc.pid},
+        )
+        assert proc_state(server_proc.pid) in ("T", "t")
+        p.terminate()
+        p.wait(15)
+        assert proc_state(server_proc.pid) not in ("T", "t")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+
+
+def _free_port() -> int:
+    from harness.sut import free_port
+
+    return free_port()
+
+
+# -- clocks and samples --------------------------------------------------------------
+
+
+def test_issue13_agent_clock_offset_math() -> None:
+    # agent 2.5 s ahead; the reply left the agent halfway through a 40 ms round trip
+    probes = [(100.0, 102.52, 100.04), (200.0, 202.51, 200.02), (300.0, 302.6, 300.2)]
+    offset, rtt = clock_offset(probes)
+    assert rtt == pytest.approx(0.02)  # the shortest round trip wins
+    assert offset == pytest.approx(2.5)
+    # sample times move onto the master's clock
+    meta = shift_meta({"started_unix": 1000.0, "stopped_unix": 1060.0, "x": 1}, offset)
+    assert meta["started_unix"] == pytest.approx(997.5)
+    assert meta["stopped_unix"] == pytest.approx(1057.5)
+    assert meta["clock_offset_s"] == offset and meta["x"] == 1
+
+
+def test_issue13_agent_live_clock(agent) -> None:
+    """Against a live agent on this host the offset is within half a round trip of 0."""
+    _, offset, rtt = AgentClient(agent.url, TOKEN).measure_clock()
+    assert abs(offset) <= rtt / 2 + 1e-3
+
+
+def test_issue13_agent_samples_copied_back(agent, server_proc, tmp_path) -> None:
+    """The agent's sampler files land in the run's samples/ (incrementally, then in
+    full) and read_samples reads them like a local sampler's; the generator's column is
+    blank (the generator is not on the agent's host)."""
+    sut = RemoteSut(AgentClient(agent.url, TOKEN), server_proc.pid)
+    sut.clock_offset_s = 100.0  # pretend the agent's clock runs 100 s ahead
+    out = tmp_path / "samples"
+    sampler = sut.start_sampler(out, None)
+    assert _until(
+        lambda: (
+            (sampler.fetch(), (out / "process.csv").exists())[1]
+            and len((out / "process.csv").read_text().splitlines()) >= 3
+        ),
+        15.0,
+    )
+    rows_mid = len((out / "process.csv").read_text().splitlines())
+    samples = sampler.finish()
+    assert samples is not None
+    server = samples["server"]
+    assert server["pid"] == server_proc.pid and server["finished"]
+    assert len(server["series"]["rss_bytes"]) >= rows_mid - 1 >= 2
+    meta = json.loads((out / "sampler.json").read_text())
+    assert meta["clock_offset_s"] == 100.0
+    assert abs(meta["started_unix"] - (time.time() - 100.0)) < 60
+    assert server["started_unix"] == meta["started_unix"]
+    assert all(v is None for v in samples["system"]["series"]["loadgen_cpu_pct"])
+    assert samples["system"]["loadgen_processes"] == []
+    assert not agent.agent.samplers  # removed on the agent once copied
