@@ -68,6 +68,9 @@ class Target:
     ca_cert: str | None = None
     insecure: bool = False
     metrics_url: str | None = None
+    # the server on another host: sampler and chaos through `harness agent` (issue 13)
+    agent_url: str | None = None
+    agent_token: str | None = field(default=None, repr=False)  # a secret: environment only
 
     def __post_init__(self) -> None:
         if (self.sut_cmd is None) == (self.url is None):
@@ -102,12 +105,17 @@ class Target:
             args.append("--insecure")
         if self.metrics_url:
             args += ["--metrics-url", self.metrics_url]
+        if self.agent_url:
+            args += ["--agent", self.agent_url]
         return args
 
     def locust_env(self) -> dict[str, str]:
         """The headers travel in the environment, not on the command line (``ps`` shows
         a command line to every user of the machine; a bearer token must not be there)."""
-        return {"HARNESS_HEADER": json.dumps(list(self.headers))} if self.headers else {}
+        env = {"HARNESS_HEADER": json.dumps(list(self.headers))} if self.headers else {}
+        if self.agent_token:
+            env["HARNESS_AGENT_TOKEN"] = self.agent_token
+        return env
 
     def client(self) -> Any:
         """The load client's settings for this target (headers, TLS), for preflight."""
@@ -123,6 +131,7 @@ class Target:
             "pid": self.sut_pid,
             "model": self.model,
             "headers": [h.partition(":")[0].strip() for h in self.headers],  # names only
+            **({"agent": self.agent_url} if self.agent_url else {}),
         }
 
 

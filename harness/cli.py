@@ -174,6 +174,20 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         help="the server's Prometheus metrics when not at TARGET/metrics, e.g. "
         "http://HOST:8002/metrics (Triton)",
     )
+    g.add_argument(
+        "--agent",
+        default=None,
+        metavar="URL",
+        help="the server runs on another host: sample it and apply chaos through the "
+        "`harness agent` there (needs --target and --sut-pid, its pid on that host)",
+    )
+    g.add_argument(
+        "--agent-token",
+        default=None,
+        metavar="TOKEN",
+        help="the agent's --token (default: $HARNESS_AGENT_TOKEN; the environment keeps it "
+        "out of `ps`)",
+    )
     p.add_argument("--out", default=None, help="output directory (default: harness-results/NAME)")
     p.add_argument("--checklist", default=None, help="TOML overriding check thresholds")
     mode = p.add_mutually_exclusive_group()
@@ -238,6 +252,11 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
 
     if args.target is None and args.sut_pid is not None:
         raise ConfigError("--sut-pid needs --target URL (the server's address)")
+    if args.agent is not None and (args.target is None or args.sut_pid is None):
+        raise ConfigError(
+            "--agent needs --target URL (the server's address) and --sut-pid PID (its pid on "
+            "the agent's host)"
+        )
     sut_cmd = args.sut_cmd
     if sut_cmd is None and args.target is None:
         sut_cmd = default_sut_cmd()
@@ -247,6 +266,7 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         sut_pid=args.sut_pid,
         model=args.model,
         **_deployment(args),
+        **_agent(args),
     )
     if args.checklist is not None:
         from harness.checks import load_checklist
@@ -292,6 +312,20 @@ def _deployment(args: argparse.Namespace) -> dict[str, Any]:
         metrics_url=args.metrics_url,
     )
     return deployment_options(ns)
+
+
+def _agent(args: argparse.Namespace) -> dict[str, Any]:
+    """--agent/--agent-token: the agent answers, the token is right and the pid runs on
+    its host, checked now (exit 2 naming the fix) rather than after the first server start."""
+    import os
+
+    if args.agent is None:
+        return {}
+    from harness.agent.client import AgentClient, RemoteSut
+
+    token = args.agent_token or os.environ.get("HARNESS_AGENT_TOKEN")
+    RemoteSut(AgentClient(args.agent, token), args.sut_pid)
+    return {"agent_url": args.agent, "agent_token": token}
 
 
 def _without_unsupported(plan: Any, single: bool) -> Any:

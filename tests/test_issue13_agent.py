@@ -307,3 +307,124 @@ def test_issue13_agent_samples_copied_back(agent, server_proc, tmp_path) -> None
     assert all(v is None for v in samples["system"]["series"]["loadgen_cpu_pct"])
     assert samples["system"]["loadgen_processes"] == []
     assert not agent.agent.samplers  # removed on the agent once copied
+
+
+# -- the master's wiring ---------------------------------------------------------------
+
+
+def test_issue13_agent_options_and_token_stay_home(tmp_path) -> None:
+    """--agent needs --sut-pid (its pid there) and refuses --sut-cmd; the token never
+    travels to workers nor onto a command line."""
+    import argparse
+
+    from harness.acceptance import Target
+    from harness.load.options import Options, options_from
+
+    def parsed(**kw) -> argparse.Namespace:
+        base = dict(
+            scenario="steady_state",
+            mode="quick",
+            model=None,
+            sut_pid=None,
+            sut_cmd=None,
+            sut_cores=None,
+            out=str(tmp_path),
+            harness_input=None,
+            sample_request=None,
+            closed_loop=None,
+            seed=None,
+            max_in_flight=None,
+            calibrate_s=None,
+            capacity_rps=None,
+            request_timeout=None,
+            ready_timeout=60.0,
+            no_sample=False,
+            no_verify=False,
+            duration=None,
+            checklist=None,
+            run_time=None,
+            num_users=None,
+            spawn_rate=None,
+            agent_url=None,
+            agent_token=None,
+        )
+        return argparse.Namespace(**{**base, **kw})
+
+    with pytest.raises(ConfigError, match="--agent needs --sut-pid"):
+        options_from(parsed(agent_url="http://10.0.0.5:8765"))
+    with pytest.raises(ConfigError, match="--agent and --sut-cmd"):
+        options_from(parsed(agent_url="http://h:1", sut_cmd="x --port {port}"))
+    opts = options_from(parsed(agent_url="http://h:1", sut_pid=42, agent_token=TOKEN))
+    assert (opts.agent_url, opts.agent_token) == ("http://h:1", TOKEN)
+    wire = opts.to_wire()
+    assert wire["agent_token"] is None and TOKEN not in json.dumps(wire)
+    assert Options.from_wire(wire).agent_url == "http://h:1"
+    t = Target(url="http://h:8000", sut_pid=42, agent_url="http://h:1", agent_token=TOKEN)
+    assert "--agent" in t.locust_args() and TOKEN not in " ".join(t.locust_args())
+    assert t.locust_env()["HARNESS_AGENT_TOKEN"] == TOKEN
+    assert TOKEN not in json.dumps(t.describe()) and TOKEN not in repr(t)
+
+
+def test_issue13_agent_cli_checks_before_load(agent, server_proc, tmp_path) -> None:
+    """`harness run --agent`: a wrong token or a pid not on the agent's host is exit 2 in
+    seconds, one line naming the fix, before any server or Locust starts."""
+    base = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        "steady_state",
+        "--target",
+        "http://127.0.0.1:9",
+        "--agent",
+        agent.url,
+        "--out",
+        str(tmp_path),
+    ]
+    env = {**os.environ, "HARNESS_AGENT_TOKEN": "wrong"}
+    r = subprocess.run(
+        [*base, "--sut-pid", str(server_proc.pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "refused the token" in r.stderr and r.stderr.count("\n") == 1
+    env["HARNESS_AGENT_TOKEN"] = TOKEN
+    r = subprocess.run(
+        [*base, "--sut-pid", "999999999"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 2 and "no process 999999999 on the agent's host" in r.stderr
+    r = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "--sut-pid" in r.stderr
+
+
+def test_issue13_agent_side_tasks(agent, server_proc, tmp_path) -> None:
+    """The master's side tasks with the server on an agent's host: the timeline's pause
+    went through the agent (ok, with its evidence) and the agent's samples come back as
+    the run's server series — nothing skipped for lack of a local pid."""
+    import gevent
+
+    from harness.load.side_tasks import SideTasks
+
+    events = [_event("pause", 0.4)]
+    sut = connect_sut(agent.url, TOKEN, server_proc.pid, events)
+    control = SimpleNamespace(handle=sut, pid=lambda: sut.pid)
+    tasks = SideTasks()
+    samples_dir = tmp_path / "samples"
+    try:
+        tasks.start_sampler(control, samples_dir, "http://127.0.0.1:9/metrics")
+        tasks.start_chaos(SimpleNamespace(chaos=events), control, time.time() + 0.5)
+        assert tasks.timeline is not None and tasks.timeline.join(10)
+        gevent.sleep(2.5)  # the follow greenlet copies while the run goes
+        assert (samples_dir / "process.csv").exists()
+        samples = tasks.stop(samples_dir)
+    finally:
+        sut.close()
+    (rec,) = tasks.chaos_records()
+    assert rec["ok"] and rec["detail"]["stopped"] == [server_proc.pid], rec
+    assert rec["detail"]["agent_host"] == sut.host
+    assert samples is not None and samples["server"]["pid"] == server_proc.pid
+    assert len(samples["server"]["series"]["t"]) >= 2
+    assert sut.agent_doc["clock_offset_s"] is not None

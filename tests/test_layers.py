@@ -27,6 +27,11 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
     ("harness.sut", frozenset({"harness.errors"})),
     ("harness.collectors", frozenset({"harness.errors"})),
     ("harness.chaos", frozenset({"harness.errors", "harness.sut", "harness.collectors"})),
+    # `harness agent` on the server's host: the sampler and the chaos actions behind HTTP
+    (
+        "harness.agent",
+        frozenset({"harness.errors", "harness.sut", "harness.collectors", "harness.chaos"}),
+    ),
     (
         "harness.load.plugin",
         frozenset(
@@ -46,7 +51,7 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
         "harness.load",
         frozenset(
             {"harness", "harness.errors", "harness.sut", "harness.collectors"}
-            | {"harness.chaos", "harness.results", "harness.catalog"}
+            | {"harness.chaos", "harness.results", "harness.catalog", "harness.agent"}
         ),
     ),
     ("harness.analysis", frozenset()),

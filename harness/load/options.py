@@ -40,10 +40,18 @@ class Options:
     ca_cert: str | None = None
     insecure: bool = False
     metrics_url: str | None = None
+    # the server on another host (issue 13): sampler and chaos through `harness agent`
+    agent_url: str | None = None
+    agent_token: str | None = None  # a secret: never sent to workers, never in results
 
     def to_wire(self) -> dict[str, Any]:
         """A plain dict for the master's plan message (harness.load.wire)."""
-        return {**asdict(self), "inputs": list(self.inputs), "headers": list(self.headers)}
+        return {
+            **asdict(self),
+            "inputs": list(self.inputs),
+            "headers": list(self.headers),
+            "agent_token": None,  # the workers never talk to the agent
+        }
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Options:
@@ -52,7 +60,7 @@ class Options:
 
 
 HARNESS_DESTS: set[str] = set()  # the plugin's option names (the web form's harness fields)
-WEB_FORM_HIDDEN = ("--quick", "--full", "--header")
+WEB_FORM_HIDDEN = ("--quick", "--full", "--header", "--agent-token")
 
 
 def add_options(parser: Any) -> None:
@@ -232,6 +240,22 @@ def add_options(parser: Any) -> None:
         "http://127.0.0.1:8002/metrics (Triton) or :8082/metrics (MLServer)",
     )
     g.add_argument(
+        "--agent",
+        dest="agent_url",
+        default=None,
+        env_var="HARNESS_AGENT",
+        metavar="URL",
+        help="the server runs on another host: sample it and apply chaos through the "
+        "`harness agent` there (--sut-pid is then the server's pid on that host)",
+    )
+    g.add_argument(
+        "--agent-token",
+        default=None,
+        env_var="HARNESS_AGENT_TOKEN",
+        metavar="TOKEN",
+        help="the agent's --token (prefer the environment variable: ps shows command lines)",
+    )
+    g.add_argument(
         "--no-verify",
         action="store_true",
         default=False,
@@ -260,7 +284,7 @@ _NUMERIC: Mapping[str, tuple[type, str]] = {
     "ready_timeout": (float, "ready-timeout"),
     "duration": (float, "duration"),
 }
-_TEXT = ("model", "sut_cmd", "sut_cores", "sample_request", "checklist")
+_TEXT = ("model", "sut_cmd", "sut_cores", "sample_request", "checklist", "agent_url")
 
 USERS_REFUSED = (
     "{flag} {value} does not apply: the scenario sets users and rates stage by stage "
@@ -327,6 +351,17 @@ def options_from(parsed: Any, form: bool = False) -> Options:
         raise ConfigError(
             "--sut-cmd and --sut-pid are both set; start a server or attach to one, not both"
         )
+    agent_url = parsed.agent_url or None
+    if agent_url and parsed.sut_cmd:
+        raise ConfigError(
+            "--agent and --sut-cmd are both set; with --agent the server runs on the agent's "
+            "host: start it there and pass --sut-pid PID (its pid on that host)"
+        )
+    if agent_url and parsed.sut_pid is None:
+        raise ConfigError(
+            "--agent needs --sut-pid: the server's pid on the agent's host (`pgrep -f "
+            "SERVER` there)"
+        )
     inputs = parsed.harness_input or ()
     if isinstance(inputs, str):  # from the environment variable: comma-free, space-separated
         inputs = inputs.split()
@@ -353,6 +388,8 @@ def options_from(parsed: Any, form: bool = False) -> Options:
         duration_s=duration,
         checklist=parsed.checklist,
         **deployment,
+        agent_url=agent_url,
+        agent_token=getattr(parsed, "agent_token", None) or None,
     )
 
 

@@ -29,6 +29,7 @@ class SideTasks:
 
     def __init__(self) -> None:
         self.sampler: subprocess.Popen | None = None
+        self.remote_sampler: Any = None  # harness.agent's RemoteSampler (server on its host)
         self.timeline: Timeline | None = None
         self.chaos_skipped: list[dict[str, Any]] = []
         self.greenlets: list[gevent.Greenlet] = []
@@ -38,6 +39,11 @@ class SideTasks:
         every start, so a server restarted by kill chaos or a threads sweep stays sampled."""
         pid = sut.pid()
         if pid is None:
+            return
+        remote = getattr(sut.handle, "start_sampler", None)
+        if remote is not None:  # on the agent's host: its files copied here as they grow
+            self.remote_sampler = remote(samples_dir, metrics_url)
+            self.spawn(self.remote_sampler.follow, gevent.sleep)
             return
         pid_file = getattr(sut.handle, "pid_file", None)
         self.sampler = target.start_sampler(pid, samples_dir, metrics_url, pid_file=pid_file)
@@ -60,10 +66,12 @@ class SideTasks:
                 for e in scenario.chaos
             ]
             return
-        from harness.chaos.timeline import Timeline
+        from harness.chaos.timeline import DEFAULT_ACTIONS, Timeline
 
         t0 = time.monotonic() + (origin_unix - time.time())
-        self.timeline = Timeline(scenario.chaos, sut.handle, handle_signals=False)
+        # on an agent's host: proxies applied and reverted there (same records)
+        actions = getattr(sut.handle, "chaos_actions", DEFAULT_ACTIONS)
+        self.timeline = Timeline(scenario.chaos, sut.handle, handle_signals=False, actions=actions)
         self.timeline.start(t0=t0)
 
     def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -80,6 +88,9 @@ class SideTasks:
             g.kill(block=False)
         if self.timeline is not None:
             self.timeline.stop()
+        remote, self.remote_sampler = self.remote_sampler, None
+        if remote is not None:
+            return remote.finish()
         proc, self.sampler = self.sampler, None
         return target.stop_sampler(proc, samples_dir)
 
@@ -90,5 +101,9 @@ class SideTasks:
         if self.timeline is not None:
             with contextlib.suppress(Exception):
                 self.timeline.stop()
+        remote, self.remote_sampler = self.remote_sampler, None
+        if remote is not None:
+            with contextlib.suppress(Exception):
+                remote.finish()
         proc, self.sampler = self.sampler, None
         target.stop_sampler(proc, samples_dir)

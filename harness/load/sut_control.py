@@ -26,7 +26,7 @@ from harness.load.scenario import Scenario
 
 log = logging.getLogger("harness.load")
 
-SutHandle = sut.SutProcess | sut.AttachedSut
+SutHandle = sut.SutProcess | sut.AttachedSut | Any  # Any: harness.agent's RemoteSut
 
 WATCH_EVERY_S = 0.5
 KILL_GRACE_S = 30.0  # beyond a kill+restart event's own duration, before the SUT counts as dead
@@ -47,10 +47,10 @@ class SutControl:
         by ``ensure``; one attached by another pid is let go."""
         before = self.opts
         self.opts = opts
-        if (before.sut_cmd, before.sut_cores) != (opts.sut_cmd, opts.sut_cores) and self.owned:
-            self.stop()
-            self.handle = None
-        elif before.sut_pid != opts.sut_pid and not self.owned:
+        restarted = (before.sut_cmd, before.sut_cores) != (opts.sut_cmd, opts.sut_cores)
+        moved = (before.sut_pid, before.agent_url) != (opts.sut_pid, opts.agent_url)
+        if (restarted and self.owned) or (moved and not self.owned):
+            self.stop()  # an attached one is left running (an agent's: its lease let go)
             self.handle = None
 
     @property
@@ -75,8 +75,9 @@ class SutControl:
         return target.cores_of(self.handle)
 
     def describe(self, base_url: str, model: str, config: dict[str, Any]) -> dict[str, Any]:
-        """The results document's ``sut`` object."""
-        return {
+        """The results document's ``sut`` object (with ``agent`` when the server is on an
+        agent's host: where, and the clocks' offset)."""
+        doc = {
             "target": base_url,
             "pid": self.pid(),
             "cmd": getattr(self.handle, "cmd", None),
@@ -84,6 +85,10 @@ class SutControl:
             "cores": self.cores(),
             "config": config,
         }
+        agent = getattr(self.handle, "agent_doc", None)
+        if agent is not None:
+            doc["agent"] = agent
+        return doc
 
     # -- preparation ---------------------------------------------------------------
 
@@ -93,6 +98,13 @@ class SutControl:
         """Start the ``--sut-cmd`` server (again, when the scenario wants a fresh one or it
         died) or attach to ``--sut-pid``; seconds to ready when it was started here."""
         o = self.opts
+        if o.agent_url:
+            if self.handle is None:
+                # the server on the agent's host: every check before load (exit 2)
+                from harness.agent.client import connect_sut
+
+                self.handle = connect_sut(o.agent_url, o.agent_token, o.sut_pid, scenario.chaos)
+            return None
         if o.sut_cmd:
             h = self.handle
             if h is not None and not scenario.load.fresh_sut and h.alive():
@@ -201,6 +213,10 @@ class SutControl:
     # -- the end ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop the server if the harness started it (an attached one is left running)."""
+        """Stop the server if the harness started it (an attached one is left running);
+        one on an agent's host: stop renewing the agent's lease."""
         if isinstance(self.handle, sut.SutProcess):
             self.handle.stop()
+        close = getattr(self.handle, "close", None)
+        if close is not None:
+            close()

@@ -290,6 +290,22 @@ class Tls(TypedDict):
     verify: bool  # False with --insecure
 
 
+class Agent(TypedDict):
+    """``harness agent`` on the server's host (``--agent URL``): the sampler and the chaos
+    actions ran there. ``clock_offset_s`` = the agent's clock − the master's, measured at
+    connect from the round trip with the shortest ``rtt_s`` (error ≤ rtt_s / 2); sample
+    times were moved onto the master's clock by it."""
+
+    url: str
+    host: str
+    cpu_model: str | None
+    cores: int | None
+    allow: list[str]
+    lease_s: float
+    clock_offset_s: float
+    rtt_s: float
+
+
 class Sut(TypedDict):
     """The server under test (an open map: ``config`` is what the server says)."""
 
@@ -302,6 +318,7 @@ class Sut(TypedDict):
     headers: NotRequired[list[str]]  # the --header NAMES sent; never their values
     tls: NotRequired[Tls | None]  # https:// targets
     metrics_url: NotRequired[str | None]  # --metrics-url when given
+    agent: NotRequired[Agent]  # the server on another host, through `harness agent`
 
 
 class Document(TypedDict):
