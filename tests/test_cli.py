@@ -214,3 +214,27 @@ def test_version_prints_the_package_version() -> None:
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and out.getvalue().strip() == f"harness {__version__}"
+
+
+def test_issue11_judge_rejudges_results_under_another_checklist(tmp_path):
+    """``harness judge DIR``: the end-of-run judging for results on disk (a killed run's,
+    or a web UI run's); a stricter checklist turns a pass into a fail, in the file too."""
+    from tests.results_factory import build_document
+
+    doc = build_document(seed=1, scenarios=["steady_state"])
+    doc["scenarios"][0]["checks"], doc["scenarios"][0]["verdict"] = [], None
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    r = harness("judge", str(tmp_path))
+    judged = json.loads((tmp_path / "results.json").read_text())
+    assert r.returncode == 0 and judged["verdict"] == "pass", r.stdout + r.stderr
+    assert r.stdout.strip().endswith("(exit 0)") and "PASS" in r.stdout
+    assert all(
+        (tmp_path / f).stat().st_size > 0 for f in ("report.html", "junit.xml", "summary.md")
+    )
+    strict = tmp_path / "strict.toml"
+    strict.write_text('[checks]\n"steady.throughput" = { min_ratio = 1.5 }\n')
+    r = harness("judge", str(tmp_path), "--checklist", str(strict))
+    judged = json.loads((tmp_path / "results.json").read_text())
+    assert r.returncode == 1 and judged["verdict"] == "fail", r.stdout + r.stderr
+    tput = next(c for c in judged["scenarios"][0]["checks"] if c["id"] == "steady.throughput")
+    assert tput["passed"] is False and tput["threshold"] == 300.0, tput  # 1.5 x 200 offered
