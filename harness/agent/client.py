@@ -17,6 +17,7 @@ request. Sample times are moved onto the master's clock by that offset
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import json
@@ -157,30 +158,32 @@ class RemoteSampler:
             "id"
         ]
         self._lock = threading.Lock()
+        self._meta_mtime: int | None = None
 
     def fetch(self) -> None:
-        """Copy what is new: the CSVs and log from where the local copy ends, sampler.json
-        whole with its times moved onto the master's clock."""
+        """Copy what is new in one request: the CSVs and log from where the local copy
+        ends, sampler.json whole (when rewritten) with its times moved onto the master's
+        clock."""
         with self._lock:
-            files = self.sut.client.call("GET", f"samplers/{self.id}/files")
-            for name, size in files.items():
+            have = {p.name: p.stat().st_size for p in self.out.iterdir() if p.is_file()}
+            doc = self.sut.client.call(
+                "POST",
+                f"samplers/{self.id}/pull",
+                {"have": have, "meta_mtime": self._meta_mtime},
+            )
+            self._meta_mtime = doc["meta_mtime"]
+            for name, b64 in doc["files"].items():
+                data = base64.b64decode(b64)
                 local = self.out / name
                 if name == "sampler.json":
-                    data = self.sut.client.call("GET", f"samplers/{self.id}/files/{name}", raw=True)
                     meta = shift_meta(json.loads(data), self.sut.clock_offset_s)
                     meta["agent"] = self.sut.agent_doc
                     tmp = local.with_suffix(".json.tmp")
                     tmp.write_text(json.dumps(meta, indent=2))
                     os.replace(tmp, local)
-                    continue
-                have = local.stat().st_size if local.exists() else 0
-                if size <= have:
-                    continue
-                data = self.sut.client.call(
-                    "GET", f"samplers/{self.id}/files/{name}?offset={have}", raw=True
-                )
-                with open(local, "ab") as f:
-                    f.write(data)
+                else:
+                    with open(local, "ab") as f:
+                        f.write(data)
 
     def follow(self, sleep: Callable[[float], Any] = time.sleep) -> None:
         """Copy every ``FOLLOW_EVERY_S`` until killed (a greenlet of the run)."""
@@ -273,6 +276,7 @@ class RemoteSut:
             "cores": self.info.get("cores"),
             "allow": self.info.get("allow"),
             "lease_s": self.lease_s,
+            "netns": self.info.get("netns"),
             "clock_offset_s": round(self.clock_offset_s, 6),
             "rtt_s": round(self.rtt_s, 6),
         }
@@ -291,7 +295,7 @@ class RemoteSut:
     def alive(self) -> bool:
         """Whether the server runs; an agent that does not answer is not a dead server."""
         try:
-            return bool(self.client.call("GET", f"process?pid={self._pid}")["alive"])
+            return bool(self.client.call("GET", f"alive?pid={self._pid}")["alive"])
         except AgentRefused:
             return False  # 404: the process is gone
         except HarnessError as exc:

@@ -18,6 +18,7 @@ Why the pieces are shaped this way:
 from __future__ import annotations
 
 import atexit
+import base64
 import concurrent.futures
 import contextlib
 import hmac
@@ -99,6 +100,15 @@ def cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+def _netns() -> str | None:
+    """This process's network namespace (``net:[inode]``): which "host" the agent is on
+    when several share a kernel (a pod's sidecar, the two-namespace test)."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
 
 
 def _attach(pid: int) -> Any:
@@ -191,8 +201,16 @@ class Agent:
             "cores": os.cpu_count(),
             "allow": list(self.config.allow),
             "lease_s": self.config.lease_s,
+            "netns": _netns(),
             "time": time.time(),
         }
+
+    def alive(self, pid: int) -> dict[str, Any]:
+        """The master's watchdog asks this every half second: /proc/<pid>/stat only (the
+        process tree walk of ``process`` reads every process on the host)."""
+        from harness.chaos.base import proc_state
+
+        return {"pid": pid, "alive": proc_state(pid) not in ("Z", "X", None)}
 
     def process(self, pid: int) -> dict[str, Any]:
         h = _attach(pid)
@@ -293,6 +311,28 @@ class Agent:
         return {
             p.name: p.stat().st_size for p in sorted(s.dir.iterdir()) if SAMPLE_FILE.match(p.name)
         }
+
+    def pull(self, sid: str, have: Mapping[str, int], meta_mtime: int | None) -> dict[str, Any]:
+        """Everything new since the master's copy, in one answer: each file's bytes from the
+        size the master has (base64), sampler.json whole when it was rewritten since
+        ``meta_mtime`` (it is written at the sampler's start and end only)."""
+        s = self._sampler(sid)
+        out: dict[str, Any] = {"files": {}, "meta_mtime": meta_mtime}
+        for p in sorted(s.dir.iterdir()):
+            if not SAMPLE_FILE.match(p.name):
+                continue
+            st = p.stat()
+            if p.name == "sampler.json":
+                if st.st_mtime_ns == meta_mtime:
+                    continue
+                out["meta_mtime"] = st.st_mtime_ns
+                data = self.read(sid, p.name)
+            elif st.st_size > int(have.get(p.name, 0)):
+                data = self.read(sid, p.name, int(have.get(p.name, 0)))
+            else:
+                continue
+            out["files"][p.name] = base64.b64encode(data).decode()
+        return out
 
     def read(self, sid: str, name: str, offset: int = 0) -> bytes:
         s = self._sampler(sid)
@@ -400,6 +440,10 @@ class Handler(BaseHTTPRequestHandler):
                     doc: Any = a.info()
                 case ("POST", "heartbeat"):
                     doc = {"time": time.time()}
+                case ("GET", "alive"):
+                    doc = a.alive(int(q["pid"]))
+                case ("POST", "samplers", sid, "pull"):
+                    doc = a.pull(sid, body.get("have") or {}, body.get("meta_mtime"))
                 case ("GET", "process"):
                     doc = a.process(int(q["pid"]))
                 case ("POST", "actions", "check"):

@@ -304,6 +304,7 @@ class Agent(TypedDict):
     lease_s: float
     clock_offset_s: float
     rtt_s: float
+    netns: NotRequired[str | None]  # the agent's network namespace, net:[inode]
 
 
 class Sut(TypedDict):

@@ -1,0 +1,284 @@
+"""Two hosts without a second machine (issue 13): two Linux network namespaces joined by a
+veth pair. The "server host" runs the reference server and ``harness agent``; the "load
+host" runs a Locust master and one worker that reach the server only across the link,
+with ``--agent``. The same short soak and contention scenarios run once on the server's
+host alone (master, worker and server side by side, the pid sampled locally) and once
+across the link; the verdicts must be the same, the agent's samples must be in the
+results, and the hogs must have run on the server's side.
+
+The namespaces share the kernel's pid namespace, so the load host could see the server's
+pid; what proves the work went through the agent is recorded in the results: ``sut.agent``
+names the agent's network namespace (the server's, not the master's), every chaos record
+carries the agent's host and its own evidence, and samples/sampler.json carries the
+clock offset the master applied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.locust_helpers import MECHANICS_CHECKLIST, REPO, locust_cmd, scenario_result, stop
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "netns-agent-token"
+SUBNET = "10.213.77"
+SERVER_IP, LOAD_IP = f"{SUBNET}.1", f"{SUBNET}.2"
+SERVER_PORT, AGENT_PORT, MASTER_PORT = 8000, 8765, 5557
+# short, but long enough for what each judges: the soak's trends need 8 buckets, the
+# contention blocks (scaled with the scenario) 3 windows each after their warm-up
+DURATION_S = {"soak": 45, "contention": 60}
+SOAK_CHECKS = ("soak.rss_trend", "soak.threads_trend", "soak.fds_trend")
+
+
+def _why_not() -> str | None:
+    """Why this machine cannot build network namespaces (None: it can)."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux-only"
+    if os.geteuid() != 0:
+        return "building network namespaces needs root (CI runs as root)"
+    if shutil.which("ip") is None:
+        return "needs iproute2's `ip` to build network namespaces"
+    probe = f"h13probe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if r.returncode != 0:
+        return f"`ip netns add` failed here ({r.stderr.strip()}): no namespaces in this container"
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Hosts:
+    server_ns: str
+    load_ns: str
+    procs: list[subprocess.Popen]
+    server: subprocess.Popen | None = None
+
+    def popen(self, ns: str, cmd: list[str], core: int | None = None, **kw) -> subprocess.Popen:
+        """``cmd`` inside namespace ``ns`` (``ip netns exec`` and ``taskset`` exec into
+        it: the pid is the command's own), stopped in the fixture's ``finally``."""
+        pin = ["taskset", "-c", str(core)] if core is not None else []
+        p = subprocess.Popen(["ip", "netns", "exec", ns, *pin, *cmd], cwd=REPO, **kw)
+        self.procs.append(p)
+        return p
+
+    def run(self, ns: str, code: str, timeout: float = 30) -> str:
+        r = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+
+def _cores() -> tuple[int, int]:
+    """(load generator core, server core): the last core for the server, like --sut-cmd."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[0], cores[-1]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory) -> Iterator[Hosts]:
+    why = _why_not()
+    if why is not None:
+        pytest.skip(why)
+    tag = str(os.getpid())[-6:]
+    h = Hosts(f"h13srv{tag}", f"h13lg{tag}", [])
+    veth_s, veth_l = f"h13s{tag}", f"h13l{tag}"
+    logs = tmp_path_factory.mktemp("netns-logs")
+    try:
+        _ip("netns", "add", h.server_ns)
+        _ip("netns", "add", h.load_ns)
+        _ip("link", "add", veth_s, "type", "veth", "peer", "name", veth_l)
+        _ip("link", "set", veth_s, "netns", h.server_ns)
+        _ip("link", "set", veth_l, "netns", h.load_ns)
+        for ns, dev, addr in ((h.server_ns, veth_s, SERVER_IP), (h.load_ns, veth_l, LOAD_IP)):
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _, server_core = _cores()
+        h.server = h.popen(
+            h.server_ns,
+            [
+                sys.executable,
+                "-m",
+                "reference_server",
+                "--host",
+                SERVER_IP,
+                "--port",
+                str(SERVER_PORT),
+            ],
+            core=server_core,
+            stdout=open(logs / "server.log", "wb"),  # noqa: SIM115 (the child holds it)
+            stderr=subprocess.STDOUT,
+        )
+        h.popen(
+            h.server_ns,
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "agent",
+                "--bind",
+                SERVER_IP,
+                "--port",
+                str(AGENT_PORT),
+                "--dir",
+                str(logs / "agent"),
+            ],
+            env={**os.environ, "HARNESS_AGENT_TOKEN": TOKEN},
+            stdout=open(logs / "agent.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        # ready, seen from the load host: across the link
+        h.run(
+            h.load_ns,
+            "import time, urllib.request\n"
+            "for i in range(300):\n"
+            "    try:\n"
+            f"        urllib.request.urlopen('http://{SERVER_IP}:{SERVER_PORT}/v2/health/ready',"
+            " timeout=2); break\n"
+            "    except Exception: time.sleep(0.2)\n"
+            "else: raise SystemExit('server not ready')\n",
+            timeout=90,
+        )
+        yield h
+    finally:
+        for p in reversed(h.procs):
+            stop(p)
+        for ns in (h.server_ns, h.load_ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth_s], capture_output=True)  # if left in root
+        leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        assert h.server_ns not in leftovers.stdout and h.load_ns not in leftovers.stdout
+
+
+def _run(hosts: Hosts, ns: str, scenario: str, out: Path, agent: bool) -> dict:
+    """A master and one worker in ``ns`` against the server; the scenario's results."""
+    assert hosts.server is not None
+    load_core, _ = _cores()
+    args = [
+        "--master",
+        "--headless",
+        "--only-summary",
+        "--expect-workers",
+        "1",
+        "--master-bind-host",
+        "127.0.0.1",
+        "--master-bind-port",
+        str(MASTER_PORT),
+        "--host",
+        f"http://{SERVER_IP}:{SERVER_PORT}",
+        "--sut-pid",
+        str(hosts.server.pid),
+        "--scenario",
+        scenario,
+        "--quick",
+        "--duration",
+        str(DURATION_S[scenario]),
+        "--out",
+        str(out),
+        "--checklist",
+        MECHANICS_CHECKLIST,
+    ]
+    env = dict(os.environ)
+    if agent:
+        args += ["--agent", f"http://{SERVER_IP}:{AGENT_PORT}"]
+        env["HARNESS_AGENT_TOKEN"] = TOKEN
+    master = hosts.popen(
+        ns,
+        locust_cmd(*args),
+        core=load_core,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    worker = hosts.popen(
+        ns,
+        locust_cmd("--worker", "--master-host", "127.0.0.1", "--master-port", str(MASTER_PORT)),
+        core=load_core,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        output, _ = master.communicate(timeout=240)
+        worker.wait(30)
+    finally:
+        stop(master)
+        stop(worker)
+    assert (out / "results.json").exists(), output[-4000:]
+    return {
+        "rc": master.returncode,
+        "output": output,
+        "doc": json.loads((out / "results.json").read_text()),
+        "sc": scenario_result(out),
+    }
+
+
+def _verdicts(sc: dict) -> dict[str, object]:
+    return {c["id"]: c["passed"] for c in sc["checks"]}
+
+
+def _netns_of(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+@pytest.mark.parametrize("scenario", ["soak", "contention"])
+def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Path) -> None:
+    one = _run(hosts, hosts.server_ns, scenario, tmp_path / "one-host", agent=False)
+    two = _run(hosts, hosts.load_ns, scenario, tmp_path / "two-hosts", agent=True)
+    sc1, sc2 = one["sc"], two["sc"]
+    tail = two["output"][-3000:]
+
+    # the agent did the server-side work, on the server's side of the link
+    agent = two["doc"]["sut"]["agent"]
+    assert hosts.server is not None
+    assert agent["netns"] == _netns_of(hosts.server.pid), agent
+    load_netns = hosts.run(hosts.load_ns, "import os; print(os.readlink('/proc/self/ns/net'))")
+    assert agent["netns"] != load_netns.strip(), agent
+    assert abs(agent["clock_offset_s"]) <= 0.5 and agent["rtt_s"] < 1.0, agent
+    assert TOKEN not in json.dumps(two["doc"])
+    meta = json.loads((tmp_path / "two-hosts" / "samples" / "sampler.json").read_text())
+    assert meta["agent"]["url"].endswith(f":{AGENT_PORT}") and "clock_offset_s" in meta
+
+    # the agent's samples are the run's server series
+    server = sc2["server"]
+    assert server is not None and server["pid"] == hosts.server.pid, tail
+    assert len(server["series"]["rss_bytes"]) >= 20, tail
+    assert all(v is None for v in (sc2["system"]["series"].get("loadgen_cpu_pct") or []))
+
+    if scenario == "soak":
+        checks = {c["id"]: c for c in sc2["checks"]}
+        for cid in SOAK_CHECKS:
+            assert checks[cid]["passed"] is not None, (cid, checks[cid]["skipped"])
+    else:
+        hogs = [r for r in sc2["chaos"] if r["action"] == "cpu_hog"]
+        assert hogs, sc2["chaos"]
+        for r in hogs:
+            assert r["ok"] and r["end_s"] is not None, r
+            assert r["detail"]["agent_host"] and r["detail"]["hog_cpu_s"], r
+            assert all(c is not None and c > 0 for c in r["detail"]["hog_cpu_s"]), r
+        # the evidence rules accepted the agent's hog records: the run is judged
+        assert sc2["verdict"] != "invalid", sc2["checks"]
+
+    # the same verdicts as on one host
+    assert _verdicts(sc2) == _verdicts(sc1), (sc1["checks"], sc2["checks"])
+    assert sc2["verdict"] == sc1["verdict"]
+    assert two["rc"] == one["rc"], (one["output"][-2000:], tail)
