@@ -428,3 +428,20 @@ def test_issue13_agent_side_tasks(agent, server_proc, tmp_path) -> None:
     assert samples is not None and samples["server"]["pid"] == server_proc.pid
     assert len(samples["server"]["series"]["t"]) >= 2
     assert sut.agent_doc["clock_offset_s"] is not None
+
+
+def test_issue13_agent_kill_needs_restart_false(agent, server_proc) -> None:
+    """The agent runs no server of its own: kill with restart is refused before load
+    (exit 2, naming restart = false); without restart the kill lands, with its evidence."""
+    with pytest.raises(ConfigError, match="restart = false"):
+        connect_sut(agent.url, TOKEN, server_proc.pid, [_event("kill", 0.0)])
+    events = [_event("kill", 0.0, restart=False)]
+    sut = connect_sut(agent.url, TOKEN, server_proc.pid, events)
+    try:
+        records = Timeline(events, sut, actions=sut.chaos_actions, handle_signals=False).run()
+    finally:
+        sut.close()
+    (rec,) = records
+    assert rec["ok"], rec
+    assert rec["detail"]["found"] is True and rec["detail"]["gone"] is True
+    assert server_proc.wait(5) is not None

@@ -39,6 +39,8 @@ log = logging.getLogger("harness.agent")
 
 API = "/v1"
 CLOCK_PROBES = 5
+# a kill waits up to 15 s for the process to exit (KillRestart.exit_timeout_s)
+ACTION_TIMEOUT_S = 30.0
 FOLLOW_EVERY_S = 2.0  # the samples copied while the run goes (the live view reads them)
 
 
@@ -73,7 +75,12 @@ class AgentClient:
         self.timeout_s = timeout_s
 
     def call(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None, raw: bool = False
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        raw: bool = False,
+        timeout_s: float | None = None,
     ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
@@ -83,7 +90,7 @@ class AgentClient:
             headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 payload = resp.read()
         except urllib.error.HTTPError as exc:
             try:
@@ -135,7 +142,10 @@ class RemoteAction(Action):
 
     def _apply(self) -> None:
         doc = self.sut.client.call(
-            "POST", "actions", {"action": self.name, "params": self._asked, "pid": self.sut.pid}
+            "POST",
+            "actions",
+            {"action": self.name, "params": self._asked, "pid": self.sut.pid},
+            timeout_s=ACTION_TIMEOUT_S,
         )
         self._id = doc["id"]
         self.detail.update(doc["detail"], agent_host=self.sut.host)
@@ -143,7 +153,7 @@ class RemoteAction(Action):
     def _revert(self) -> None:
         if self._id is None:
             return
-        doc = self.sut.client.call("POST", f"actions/{self._id}/revert")
+        doc = self.sut.client.call("POST", f"actions/{self._id}/revert", timeout_s=ACTION_TIMEOUT_S)
         self.detail.update(doc["detail"], agent_host=self.sut.host)
 
 
