@@ -304,6 +304,8 @@ def test_issue13_agent_samples_copied_back(agent, server_proc, tmp_path) -> None
     assert meta["clock_offset_s"] == 100.0
     assert abs(meta["started_unix"] - (time.time() - 100.0)) < 60
     assert server["started_unix"] == meta["started_unix"]
+    # the agent's own CPU is never the generator's; the master's measurement 100 s away
+    # (the pretended offset) matches no agent tick, so nothing is misattributed either
     assert all(v is None for v in samples["system"]["series"]["loadgen_cpu_pct"])
     assert samples["system"]["loadgen_processes"] == []
     assert not agent.agent.samplers  # removed on the agent once copied
@@ -427,6 +429,11 @@ def test_issue13_agent_side_tasks(agent, server_proc, tmp_path) -> None:
     assert rec["detail"]["agent_host"] == sut.host
     assert samples is not None and samples["server"]["pid"] == server_proc.pid
     assert len(samples["server"]["series"]["t"]) >= 2
+    # the generator's CPU measured here (this process's tree), on the agent's tick grid:
+    # what the validity rule needs to judge saturation
+    system = samples["system"]
+    assert any(v is not None for v in system["series"]["loadgen_cpu_pct"]), system["series"]
+    assert os.getpid() in [p["pid"] for p in system["loadgen_processes"]]
     assert sut.agent_doc["clock_offset_s"] is not None
 
 
@@ -445,3 +452,35 @@ def test_issue13_agent_kill_needs_restart_false(agent, server_proc) -> None:
     assert rec["ok"], rec
     assert rec["detail"]["found"] is True and rec["detail"]["gone"] is True
     assert server_proc.wait(5) is not None
+
+
+def test_issue13_agent_loadgen_merge_aligns_by_wall_clock(tmp_path) -> None:
+    """The master's generator CPU lands on the agent's ticks by wall-clock time, the
+    agent's times moved by the offset; a tick with no local figure near it stays empty."""
+    from harness.agent.loadgen import merge
+
+    samples, local = tmp_path / "samples", tmp_path / "local"
+    samples.mkdir()
+    local.mkdir()
+    offset = 50.0  # the agent's clock is 50 s ahead
+    (samples / "system.csv").write_text(
+        "t,ts,late_s,cpu_pct,cpu0_pct,loadgen_cpu_pct\n"
+        + "".join(f"{t},{1050.0 + t},0,10,10,\n" for t in (1.0, 2.0, 3.0, 9.0))
+    )
+    # local ticks 0.3 s off the agent's, at master times 1001.3…1004.3
+    (local / "system.csv").write_text(
+        "t,ts,late_s,cpu_pct,cpu0_pct,loadgen_cpu_pct\n"
+        + "".join(f"{t},{1000.3 + t},0,5,5,{10 * t}\n" for t in (1.0, 2.0, 3.0, 4.0))
+    )
+    (local / "loadgen.csv").write_text(
+        "t,pid,name,cpu_pct,rss_bytes\n"
+        + "".join(f"{t},7,locust,{10 * t},1\n" for t in (1, 2, 3, 4))
+    )
+    assert merge(samples, local, offset) == 3
+    from harness.collectors import read_samples
+
+    system = read_samples(samples)["system"]
+    # agent t=1 (master 1001.0) ↔ local t=1 (1001.3): 10 %; agent t=9 has no neighbour
+    assert system["series"]["loadgen_cpu_pct"] == [10.0, 20.0, 30.0, None]
+    (proc,) = system["loadgen_processes"]
+    assert proc["pid"] == 7 and proc["cpu_pct"] == [10.0, 20.0, 30.0, None]

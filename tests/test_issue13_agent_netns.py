@@ -262,7 +262,10 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
     server = sc2["server"]
     assert server is not None and server["pid"] == hosts.server.pid, tail
     assert len(server["series"]["rss_bytes"]) >= 20, tail
-    assert all(v is None for v in (sc2["system"]["series"].get("loadgen_cpu_pct") or []))
+    # the generator's CPU, measured on the load host (the master's tree), on the agent's
+    # ticks: generator saturation is judged as on one host
+    assert any(v is not None for v in sc2["system"]["series"]["loadgen_cpu_pct"]), tail
+    assert sc2["system"]["loadgen_processes"], tail
 
     if scenario == "soak":
         checks = {c["id"]: c for c in sc2["checks"]}

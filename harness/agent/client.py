@@ -23,6 +23,8 @@ import csv
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -169,6 +171,8 @@ class RemoteSampler:
         ]
         self._lock = threading.Lock()
         self._meta_mtime: int | None = None
+        self.local = out / "local"
+        self._loadgen = start_loadgen(self.local)
 
     def fetch(self) -> None:
         """Copy what is new in one request: the CSVs and log from where the local copy
@@ -183,6 +187,8 @@ class RemoteSampler:
             )
             self._meta_mtime = doc["meta_mtime"]
             for name, b64 in doc["files"].items():
+                if name == "loadgen.csv":
+                    continue  # the agent's parent, not the generator (see not_here)
                 data = base64.b64decode(b64)
                 local = self.out / name
                 if name == "sampler.json":
@@ -215,12 +221,46 @@ class RemoteSampler:
                 self.sut.client.call("POST", f"samplers/{self.id}/remove")
         except HarnessError as exc:
             log.warning("harness: the agent's samples: %s", exc)
+        stop_loadgen(self._loadgen)
         not_here(self.out)
+        from harness.agent.loadgen import merge
+
+        merge(self.out, self.local, self.sut.clock_offset_s)
         try:
             return read_samples(self.out)
         except HarnessError as exc:
             log.warning("harness: sampler output unreadable: %s", exc)
             return None
+
+
+def start_loadgen(out: Path) -> subprocess.Popen:
+    """The generator's CPU on this host (harness.agent.loadgen), beside the agent's
+    sampler: the master's process tree, like ``harness sample`` measures it on one host."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.agent.loadgen",
+        "--out",
+        str(out),
+        "--loadgen-pid",
+        str(os.getpid()),
+    ]
+    with open(out / "loadgen.log", "wb") as log_file:
+        return subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+
+
+def stop_loadgen(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def shift_meta(meta: dict[str, Any], offset_s: float) -> dict[str, Any]:
@@ -235,8 +275,9 @@ def shift_meta(meta: dict[str, Any], offset_s: float) -> dict[str, Any]:
 
 def not_here(samples: Path) -> None:
     """The load generator does not run on the agent's host: the sampler there counted its
-    own parent (the agent) as the generator. Blank that column and drop loadgen.csv, so no
-    check reads the agent's CPU as the generator's."""
+    own parent (the agent) as the generator. Blank that column (``loadgen.merge`` fills it
+    from the master's own measurement), so no check reads the agent's CPU as the
+    generator's."""
     with contextlib.suppress(FileNotFoundError):
         (samples / "loadgen.csv").unlink()
     path = samples / "system.csv"
