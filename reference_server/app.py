@@ -39,6 +39,7 @@ from reference_server.faults import FaultRuntime
 from reference_server.metrics import CONTENT_TYPE, Metrics
 from reference_server.models import Model, build_model
 from reference_server.protocol import ProtocolError, infer_response, parse_infer_request
+from reference_server.stats import ModelStats
 
 log = logging.getLogger("reference_server")
 
@@ -57,6 +58,7 @@ class ServerState:
         self.metrics = Metrics(config.priority_levels, config.max_batch_size)
         self.faults = FaultRuntime(config.faults, now=clock, seed=config.seed)
         f = config.faults
+        self.stats = ModelStats(self.model.name)
         self.batcher = Batcher(
             self.faults.wrap_run(self.model.predict),  # the model itself unless a fault wraps it
             BatcherConfig(
@@ -76,6 +78,7 @@ class ServerState:
             clock=clock,
             observer=self.metrics,
             after_batch=self.faults.after_batch if self.faults.rewrites_outputs else None,
+            stats=self.stats,
         )
         self.ready = False
         self.draining = False
@@ -259,7 +262,7 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
             {
                 "name": "reference_server",
                 "version": __version__,
-                "extensions": [],
+                "extensions": ["statistics"],
                 "model": model.name,
                 "config": config.describe(),
                 "faults": config.faults.names(),
@@ -283,6 +286,20 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
         if name != model.name:
             return unknown_model(name)
         return Response(status_code=200 if state.ready else 503)
+
+    async def model_stats(request: Request) -> Response:
+        """Triton's statistics extension (reference_server.stats); without a model in
+        the path, every model's."""
+        name = request.path_params.get("model")
+        if name is not None and name != model.name:
+            return unknown_model(name)
+        version = request.path_params.get("version")
+        if version is not None and version != state.stats.version:
+            return _error(
+                404,
+                f"model {model.name!r} has no version {version!r}. Expected {state.stats.version!r}.",
+            )
+        return JSONResponse({"model_stats": [state.stats.doc()]})
 
     async def metrics_route(request: Request) -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
@@ -382,10 +399,13 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/v2", server_metadata),
+        Route("/v2/models/stats", model_stats),  # before {model}: "stats" is not a model
         Route("/v2/models/{model}", model_metadata),
         Route("/v2/models/{model}/versions/{version}", model_metadata),
         Route("/v2/models/{model}/ready", model_ready),
         Route("/v2/models/{model}/versions/{version}/ready", model_ready),
+        Route("/v2/models/{model}/stats", model_stats),
+        Route("/v2/models/{model}/versions/{version}/stats", model_stats),
         Route("/metrics", metrics_route),
         # POSTs never get here (ReferenceApp takes them); other methods get a 405.
         Route("/v2/models/{model}/infer", live, methods=["POST"]),

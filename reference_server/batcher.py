@@ -15,11 +15,13 @@ import dataclasses
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
+
+from reference_server.stats import ModelStats
 
 
 class QueueFull(Exception):
@@ -43,6 +45,7 @@ class Pending:
     future: asyncio.Future[np.ndarray] | None = None
     queued: bool = False
     timer: asyncio.TimerHandle | None = None
+    started: float = 0.0  # when its batch was dispatched (the statistics' queue time)
     n: int = dataclasses.field(init=False)  # rows; what the batch size counts
 
     def __post_init__(self) -> None:
@@ -219,8 +222,10 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
         after_batch: Callable[[list[np.ndarray | Exception]], None] | None = None,
+        stats: ModelStats | None = None,
     ) -> None:
         self._run = run
+        self.stats = stats  # the statistics extension's counters (GET .../stats)
         # Fault hook (stale-output, error-rate): may replace per-request outputs, or put
         # an exception to answer instead, before they are answered.
         self._after_batch = after_batch
@@ -304,6 +309,7 @@ class Batcher:
         if self.queue.discard(item):
             self._fail(item, DeadlineExpired("request timeout expired before execution"))
             self._obs.on_expired(1)
+            self._stat_failed([item])
             self._obs.on_queue_depth(item.level, self.queue.depth(item.level))
 
     @staticmethod
@@ -381,7 +387,9 @@ class Batcher:
             if item.deadline is not None and now >= item.deadline:
                 self._fail(item, DeadlineExpired("request timeout expired before execution"))
                 self._obs.on_expired(1)
+                self._stat_failed([item])
             elif item.future is not None and not item.future.done():
+                item.started = now
                 live.append(item)
         self._report_depths()
         if not live:
@@ -393,11 +401,13 @@ class Batcher:
         cf = self._loop.run_in_executor(self._executor, self._execute, key)
         cf.add_done_callback(lambda f, key=key: self._finished(key, f))
 
-    def _execute(self, batch: tuple[Pending, ...]) -> tuple[np.ndarray, float]:
+    def _execute(self, batch: tuple[Pending, ...]) -> tuple[np.ndarray, float, float]:
+        """(outputs, model seconds, seconds spent assembling the input batch)."""
+        t_in = time.perf_counter()
         x = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])
         t0 = time.perf_counter()
         y = self._run(x)
-        return y, time.perf_counter() - t0
+        return y, time.perf_counter() - t0, t0 - t_in
 
     def _finished(self, batch: tuple[Pending, ...], fut: asyncio.Future) -> None:
         self._busy -= 1
@@ -415,9 +425,11 @@ class Batcher:
             self._obs.on_compute(n_rows, 0.0, False)
             for item in batch:
                 self._fail(item, exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            self._stat_failed(batch)
             return
-        y, seconds = fut.result()
+        y, seconds, input_s = fut.result()
         self._obs.on_compute(n_rows, seconds, True)
+        t_out = time.perf_counter()
         outputs: list[np.ndarray | Exception] = []
         start = 0
         for item in batch:
@@ -432,6 +444,43 @@ class Batcher:
                     item.future.set_exception(out)
                 else:
                     item.future.set_result(out)
+        if self.stats is not None:
+            self._stat_batch(batch, outputs, n_rows, seconds, input_s, time.perf_counter() - t_out)
+
+    def _stat_batch(
+        self,
+        batch: tuple[Pending, ...],
+        outputs: list[np.ndarray | Exception],
+        n_rows: int,
+        infer_s: float,
+        input_s: float,
+        output_s: float,
+    ) -> None:
+        """One execution into the statistics: queue and enqueue→answer times per request,
+        an output a fault replaced by an error counted as a failed request."""
+        assert self.stats is not None
+        now = self._clock()
+        ok = [p for p, out in zip(batch, outputs, strict=True) if not isinstance(out, Exception)]
+        bad = [p for p, out in zip(batch, outputs, strict=True) if isinstance(out, Exception)]
+        self.stats.batch_done(
+            rows=n_rows,
+            ok_requests=len(ok),
+            failed_requests=len(bad),
+            queue_ns=int(sum(p.started - p.enqueued for p in ok) * 1e9),
+            request_ns_ok=int(sum(now - p.enqueued for p in ok) * 1e9),
+            request_ns_failed=int(sum(now - p.enqueued for p in bad) * 1e9),
+            input_ns=int(input_s * 1e9),
+            infer_ns=int(infer_s * 1e9),
+            output_ns=int(output_s * 1e9),
+            now_ms=int(time.time() * 1000),
+        )
+
+    def _stat_failed(self, items: Iterable[Pending]) -> None:
+        if self.stats is None:
+            return
+        now = self._clock()
+        waited = [now - p.enqueued for p in items]
+        self.stats.failed(len(waited), int(sum(waited) * 1e9))
 
     def _maybe_cross_wire(
         self, batch: tuple[Pending, ...], outputs: list[np.ndarray | Exception]
