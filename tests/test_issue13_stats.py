@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -166,3 +167,257 @@ def test_issue13_stats_failures_counted_apart_from_successes() -> None:
         inf = stats(c)["inference_stats"]
         assert inf["success"]["count"] == codes.count(200)
         assert inf["fail"]["count"] == codes.count(503) >= 1
+
+
+# -- the harness: reading it at stage edges ---------------------------------------------
+
+
+def triton_doc(
+    model: str = "m",
+    *,
+    ok: int,
+    fail: int = 0,
+    queue_ns: int = 0,
+    infer_ns: int = 0,
+    rows: int | None = None,
+    executions: int = 0,
+    version: str = "1",
+) -> dict[str, Any]:
+    """One model's entry as Triton writes it (compute_input/output 1 µs per request)."""
+
+    def d(count: int, ns: int) -> dict[str, int]:
+        return {"count": count, "ns": ns}
+
+    return {
+        "name": model,
+        "version": version,
+        "last_inference": 1,
+        "inference_count": ok if rows is None else rows,
+        "execution_count": executions,
+        "inference_stats": {
+            "success": d(ok, queue_ns + infer_ns + 2000 * ok),
+            "fail": d(fail, 0),
+            "queue": d(ok, queue_ns),
+            "compute_input": d(ok, 1000 * ok),
+            "compute_infer": d(ok, infer_ns),
+            "compute_output": d(ok, 1000 * ok),
+        },
+        "batch_stats": [],
+    }
+
+
+def test_issue13_stats_split_from_counter_differences() -> None:
+    """Means per request from the differences between two reads, versions of the model
+    summed, other models ignored; a counter that went backwards (restart) gives nothing."""
+    from harness.load.server_stats import counters_of, stage_split
+
+    start = counters_of({"model_stats": [triton_doc(ok=10, queue_ns=10**6, executions=10)]}, "m")
+    end_doc = {
+        "model_stats": [
+            triton_doc(ok=60, queue_ns=101 * 10**6, infer_ns=200 * 10**6, executions=18),
+            triton_doc(ok=50, queue_ns=0, infer_ns=100 * 10**6, executions=2, version="2"),
+            triton_doc("other", ok=999, executions=999),
+        ]
+    }
+    end = counters_of(end_doc, "m")
+    assert start is not None and end is not None
+    split = stage_split(start, end)
+    assert split is not None
+    assert split["requests"] == split["success"] == 100 and split["fail"] == 0
+    assert split["executions"] == 10 and split["avg_batch"] == 10.0
+    assert split["queue_ms"] == 1.0  # 100 ms over 100 requests
+    assert split["compute_infer_ms"] == 3.0  # 300 ms over 100 requests
+    assert split["compute_ms"] == 3.002  # + 1 µs input + 1 µs output each
+    assert stage_split(end, start) is None
+    assert counters_of({"model_stats": [triton_doc("other", ok=1)]}, "m") is None
+    assert counters_of({"error": "nope"}, "m") is None
+
+
+class FakeServer:
+    """Answers reads from a list of counters; a None entry is a failed read."""
+
+    def __init__(self, answers: list[dict[str, Any] | None]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def read(self, url: str, model: str) -> tuple[Any, str | None]:
+        from harness.load.server_stats import counters_of
+
+        doc = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        if doc is None:
+            return None, "no answer within 2 s"
+        return counters_of({"model_stats": [doc]}, model), None
+
+
+def stages_ab() -> list[Any]:
+    from types import SimpleNamespace
+
+    return [
+        SimpleNamespace(name="low", start_s=0.0, end_s=5.0),
+        SimpleNamespace(name="high", start_s=5.0, end_s=10.0),
+    ]
+
+
+def test_issue13_stats_read_once_per_stage_edge_on_the_scenario_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from harness.load import server_stats
+
+    fake = FakeServer(
+        [
+            triton_doc(ok=0),
+            triton_doc(ok=50, executions=50, queue_ns=50 * 10**5),
+            triton_doc(ok=450, executions=100, queue_ns=50 * 10**5 + 400 * 10**6),
+        ]
+    )
+    monkeypatch.setattr(server_stats, "read", fake.read)
+    clock = [-1.0]  # side tasks start before t = 0
+    reader = server_stats.StageReader("http://x/v2/models/m/stats", "m", stages_ab())
+    reader.follow(lambda: clock[0], lambda: True, lambda s: clock.__setitem__(0, clock[0] + s))
+    assert fake.calls == 3  # t = 0, 5, 10: one read per edge, none between
+    out = reader.result()
+    assert out["source"] == "v2-statistics" and "missing" not in out
+    low, high = out["stages"]["low"], out["stages"]["high"]
+    assert (low["requests"], low["avg_batch"], low["queue_ms"]) == (50, 1.0, 0.1)
+    assert (high["requests"], high["avg_batch"], high["queue_ms"]) == (400, 8.0, 1.0)
+    assert (low["start_s"], low["end_s"], high["end_s"]) == (0.0, 5.0, 10.0)
+
+
+def test_issue13_stats_failed_read_and_early_stop_named_per_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No retries: a failed read leaves its stages out, with the reason; a run stopped
+    mid-stage is closed by one read at the final write (its real end time kept)."""
+    from harness.load import server_stats
+
+    fake = FakeServer([triton_doc(ok=0), None, triton_doc(ok=9)])
+    monkeypatch.setattr(server_stats, "read", fake.read)
+    clock = [0.0]
+    reader = server_stats.StageReader("u", "m", stages_ab())
+    reader.follow(lambda: clock[0], lambda: True, lambda s: clock.__setitem__(0, clock[0] + s))
+    out = reader.result()
+    assert out["stages"] == {}
+    assert "the read at t=5 s failed: no answer within 2 s" in out["missing"]["low"]
+    assert fake.calls == 3
+
+    fake = FakeServer([triton_doc(ok=0), triton_doc(ok=30, executions=3)])
+    monkeypatch.setattr(server_stats, "read", fake.read)
+    reader = server_stats.StageReader("u", "m", stages_ab())
+    reader.take(0.0, 0.01)  # the run was aborted at t = 3 s: no more edges read
+    reader.close(3.0)
+    reader.close(3.5)  # once
+    assert fake.calls == 2
+    out = reader.result()
+    assert out["stages"]["low"]["requests"] == 30 and out["stages"]["low"]["end_s"] == 3.0
+    assert out["missing"] == {"high": "not reached (t=5 s)"}
+
+
+def test_issue13_stats_absent_when_server_does_not_offer_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One GET at preparation; no side task, no field, and the document still valid."""
+    from types import SimpleNamespace
+
+    from harness.load import server_stats
+    from harness.load.result import scenario_result
+    from harness.load.scenario import load_scenario
+    from harness.load.side_tasks import SideTasks
+    from tests.conftest import schema_errors
+
+    calls = []
+    monkeypatch.setattr(
+        server_stats, "read", lambda url, model: calls.append(url) or (None, "HTTP 404")
+    )
+    tasks = SideTasks()
+    prep = SimpleNamespace(base_url="http://127.0.0.1:9", model="m")
+    sc = SimpleNamespace(stages=stages_ab())
+    assert server_stats.start(tasks, prep, sc, lambda: 0.0, lambda: True) is None  # type: ignore[arg-type]
+    assert calls == ["http://127.0.0.1:9/v2/models/m/stats"] and tasks.greenlets == []
+    state = SimpleNamespace(tasks=tasks, scenario_time=lambda: 1.0)
+    assert server_stats.result_of(state, final=True) is None and len(calls) == 1
+
+    scenario = load_scenario("steady_state")
+    kw: dict[str, Any] = dict(
+        scenario=scenario, file="f", recording=None, started_unix=1.0, duration_s=1.0,
+        partial=False, capacity_rps=None, calibration=None, time_to_ready_s=None,
+        golden_summary=None, chaos=[], samples=None, sut_cores=1, error=None,
+        sut_exit=None, workers=1,
+    )  # fmt: skip
+    assert "server_stats" not in scenario_result(**kw)
+    reader = server_stats.StageReader("u", "m", scenario.stages)
+    with_stats = scenario_result(**kw, server_stats=reader.result())
+    assert with_stats["server_stats"]["stages"] == {}
+    from harness.results import new_document
+
+    doc = new_document(sut={"target": "x"}, loadgen={"workers": 1})
+    doc["scenarios"].append(with_stats)
+    assert schema_errors(json.loads(json.dumps(doc))) == []
+
+
+def test_issue13_stats_read_through_the_load_client_with_its_headers() -> None:
+    """The GET goes through ``harness.load.http`` with the run's ``--header`` values (an
+    ingress needs its auth token on this request too)."""
+    from gevent.pywsgi import WSGIServer
+
+    from harness.load import http, server_stats
+
+    seen: list[tuple[str, str | None]] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append((environ["PATH_INFO"], environ.get("HTTP_AUTHORIZATION")))
+        doc = {"model_stats": [triton_doc("my model", ok=7, executions=2)]}
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps(doc).encode()]
+
+    srv = WSGIServer(("127.0.0.1", 0), app, log=None)
+    srv.start()
+    before = http.current()
+    try:
+        http.configure(http.Client(headers=(("Authorization", "Bearer t0k"),)))
+        base = f"http://127.0.0.1:{srv.server_port}"
+        counters, why = server_stats.read(server_stats.stats_url(base, "my model"), "my model")
+    finally:
+        http.configure(before)
+        srv.stop()
+    assert why is None and counters is not None and counters["success_count"] == 7
+    assert seen == [("/v2/models/my model/stats", "Bearer t0k")]
+
+
+def test_issue13_stats_reports_show_the_split_per_stage() -> None:
+    from harness.report.html import render_html
+    from harness.report.summary import render_summary
+    from harness.results import new_document
+    from tests.results_factory import scenario
+
+    stages = [
+        {"name": n, "start_s": a, "end_s": b, "kind": "open", "rate_rps": 100.0, "users": None}
+        for n, a, b in (("low", 0.0, 5.0), ("high", 5.0, 20.0))
+    ]
+    sc = scenario("steady_state", 20.0, stages=stages)
+    names = ["low", "high"]
+    split = {
+        "start_s": 0.0, "end_s": 5.0, "requests": 1234, "success": 1234, "fail": 0,
+        "executions": 300, "avg_batch": 4.11, "queue_ms": 2.5, "compute_ms": 7.25,
+        "compute_infer_ms": 7.0, "request_ms": 9.9,
+    }  # fmt: skip
+    sc["server_stats"] = {
+        "source": "v2-statistics",
+        "url": "http://h/v2/models/m/stats",
+        "model": "m",
+        "stages": {names[0]: split},
+        "missing": {names[-1]: "the read at t=20 s failed: HTTP 503"},
+    }
+    doc = new_document(sut={"target": "x"}, loadgen={"workers": 1})
+    doc["scenarios"].append(sc)
+    md = render_summary(doc)
+    assert "server time split (from the server's statistics)" in md
+    assert "| stage | requests | avg batch | queue ms | compute ms |" in md
+    assert f"| {names[0]} | 1,234 | 4.11 | 2.5 | 7.25 |" in md
+    assert "not split: " in md and "HTTP 503" in md
+    html = render_html(doc)
+    assert "Server time split (from the server&#x27;s statistics)" in html
+    assert ">4.11<" in html and ">7.25<" in html and "http://h/v2/models/m/stats" in html
+    del sc["server_stats"]
+    assert "server time split" not in render_summary(doc).lower()
+    assert "server time split" not in render_html(doc).lower()

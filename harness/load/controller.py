@@ -227,6 +227,9 @@ class HarnessState:
             )
         self.tasks.spawn(self._write_periodically)
         self.tasks.spawn(self._write_progress)
+        from harness.load import server_stats  # the server's statistics at stage edges
+
+        server_stats.start(self.tasks, prep, self.scenario, self.scenario_time, self._collecting)
 
     # -- master / local: while the run goes ---------------------------------------------
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import results
+from harness.load import server_stats
 from harness.load.distribution import LOCAL
 from harness.load.lifecycle import RunState
 from harness.load.result import scenario_result
@@ -92,6 +93,7 @@ def build_document(
         sut_exit=state.sut_exit,
         workers=state.slots,
         loadgen_cpu_s=dict(state.cpu_by_source),
+        server_stats=server_stats.result_of(state, final=state.lifecycle.state is RunState.WRITING),
     )
     import locust
 

@@ -22,6 +22,7 @@ from harness.results.records import (
     LinearityPoint,
     Load,
     ScenarioResult,
+    ServerStats,
     Stage,
     TrafficClass,
     Windows,
@@ -110,6 +111,7 @@ def scenario_result(
     sut_exit: Mapping[str, Any] | None,
     workers: int,
     loadgen_cpu_s: Mapping[str, float] | None = None,
+    server_stats: ServerStats | None = None,
 ) -> ScenarioResult:
     rec = recording if recording is not None else Recording(window_s=scenario.load.window_s)
     total = rec.totals()
@@ -127,7 +129,7 @@ def scenario_result(
         examples=list(rec.examples),
     )
     samples = samples or {}
-    return ScenarioResult(
+    result = ScenarioResult(
         name=scenario.name,
         file=file,
         mode=scenario.mode,
@@ -179,3 +181,6 @@ def scenario_result(
         checks=[],
         verdict=None,
     )
+    if server_stats is not None:  # absent when the server offers no statistics
+        result["server_stats"] = server_stats
+    return result

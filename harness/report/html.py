@@ -32,6 +32,7 @@ from harness.report.common import (
     skip_reason,
     verdict_sentence,
 )
+from harness.report.summary import SERVER_SPLIT_COLUMNS, SERVER_SPLIT_TITLE, server_split_rows
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -173,6 +174,24 @@ def _other_measures(sc: Mapping[str, Any]) -> str:
     return f"<h3>Other measurements</h3><table>{rows}</table>"
 
 
+def _server_split(sc: Mapping[str, Any]) -> str:
+    """The server's queue vs compute time per stage (``server_stats``), when it has one."""
+    split = server_split_rows(sc)
+    if split is None:
+        return ""
+    rows, missing, note = split
+    head = "".join(f"<th>{esc(c)}</th>" for c in SERVER_SPLIT_COLUMNS)
+    body = "".join(
+        f"<tr><td>{esc(row[0])}</td>"
+        + "".join(f'<td class="num">{esc(c)}</td>' for c in row[1:])
+        + "</tr>"
+        for row in rows
+    )
+    table = f"<table><tr>{head}</tr>{body}</table>" if rows else ""
+    gaps = "".join(f'<p class="note">Not split: {esc(m)}</p>' for m in missing)
+    return f'<h3>{esc(SERVER_SPLIT_TITLE.capitalize())}</h3><p class="note">{esc(note)}</p>{table}{gaps}'
+
+
 def _chaos_list(sc: Mapping[str, Any]) -> str:
     events = sc.get("chaos") or []
     if not events:
@@ -243,6 +262,7 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
         _counters_table(sc),
         _latency_table(sc),
         _other_measures(sc),
+        _server_split(sc),
         _chaos_list(sc),
         _plots(sc, slug),
         "</section>",

@@ -64,6 +64,61 @@ def _excluded_section(doc: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+SERVER_SPLIT_TITLE = "server time split (from the server's statistics)"
+SERVER_SPLIT_NOTE = (
+    "Read from the server's own statistics ({url}) at each stage's start and end: requests "
+    "it finished in between, inferences per model execution, and per request the mean wait "
+    "for its batch to start (queue) and its batch's input + model + output time (compute, "
+    "counted per request as Triton and perf_analyzer do)."
+)
+SERVER_SPLIT_COLUMNS = ("stage", "requests", "avg batch", "queue ms", "compute ms")
+
+
+def server_split_rows(sc: Mapping[str, Any]) -> tuple[list[list[str]], list[str], str] | None:
+    """The per-stage split of ``server_stats`` as text cells (stage order), the stages left
+    out with why, and the explanation line; None when the run has no server statistics."""
+    stats = sc.get("server_stats")
+    if not isinstance(stats, Mapping):
+        return None
+    got = stats.get("stages") or {}
+    order = [st.get("name") for st in sc.get("stages") or []]
+    order += [name for name in got if name not in order]
+    rows = []
+    for name in order:
+        st = got.get(name)
+        if not isinstance(st, Mapping):
+            continue
+        rows.append(
+            [
+                str(name),
+                fmt_num(st.get("requests")),
+                fmt_num(st.get("avg_batch")),
+                fmt_num(st.get("queue_ms")),
+                fmt_num(st.get("compute_ms")),
+            ]
+        )
+    missing = [f"{name}: {why}" for name, why in (stats.get("missing") or {}).items()]
+    return (
+        rows,
+        missing,
+        SERVER_SPLIT_NOTE.format(url=stats.get("url") or "GET /v2/models/{m}/stats"),
+    )
+
+
+def _server_split(sc: Mapping[str, Any]) -> list[str]:
+    split = server_split_rows(sc)
+    if split is None:
+        return []
+    rows, missing, note = split
+    lines = [f"**{md(SERVER_SPLIT_TITLE)}** — {md(note)}", ""]
+    if rows:
+        lines += ["| " + " | ".join(SERVER_SPLIT_COLUMNS) + " |", "|---" * 5 + "|"]
+        lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
+        lines.append("")
+    lines += [f"- not split: {md(m)}" for m in missing]
+    return [*lines, ""] if missing else lines
+
+
 def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
     verdict = scenario_verdict(sc)
     checks = sc.get("checks") or []
@@ -79,7 +134,7 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
     if problems:
         lines += [f"> ❌ {md(p)}" for p in problems] + [""]
     if not checks:
-        return [*lines, "_No checks were evaluated._", ""]
+        return [*lines, "_No checks were evaluated._", "", *_server_split(sc)]
     lines += ["| check | verdict | value | threshold | n | detail |", "|---|---|---|---|---|---|"]
     for c in checks:
         state = check_state(c)
@@ -89,7 +144,7 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
             f"| `{md(c['id'])}` | {ICONS[state if state != SKIP else 'skipped']} {word} | {md(fmt_value(c))} | "
             f"{md(fmt_threshold(c))} | {md(fmt_num(c.get('n')))} | {md(detail)} |"
         )
-    return [*lines, ""]
+    return [*lines, "", *_server_split(sc)]
 
 
 def render_summary(doc: Mapping[str, Any]) -> str:

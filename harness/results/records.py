@@ -212,6 +212,34 @@ class Check(TypedDict):
     skipped: str | None
 
 
+class ServerStatsStage(TypedDict):
+    """One stage's share of the server's statistics: the differences of its cumulative
+    counters between the reads at the stage's start and end (means are per request)."""
+
+    start_s: float  # scenario clock of the read that opened the stage
+    end_s: float  # … and of the one that closed it
+    requests: int  # finished by the model in between: success + fail
+    success: int
+    fail: int
+    executions: int  # model executions (batches)
+    avg_batch: float | None  # inferences (rows) per execution
+    queue_ms: float | None  # mean wait from enqueue to its batch starting (successes)
+    compute_ms: float | None  # mean compute_input + compute_infer + compute_output
+    compute_infer_ms: float | None  # mean model time (a batch's, counted per request)
+    request_ms: float | None  # mean enqueue → answer on the server (successes)
+
+
+class ServerStats(TypedDict):
+    """``server_stats``: the server's own queue vs compute split per stage (Triton's
+    ``GET /v2/models/{m}/stats``), absent when the server does not offer it."""
+
+    source: Literal["v2-statistics"]
+    url: str
+    model: str
+    stages: dict[str, ServerStatsStage]
+    missing: NotRequired[dict[str, str]]  # stage → why it has no figures
+
+
 class Load(TypedDict):
     mode: Literal["open", "closed"]
     arrival: str
@@ -264,6 +292,7 @@ class ScenarioResult(TypedDict):
     validity: NotRequired[list[str]]  # added when judged
     sut: NotRequired[dict[str, Any] | None]  # merged runs: this scenario's own server
     loadgen: NotRequired[dict[str, Any] | None]
+    server_stats: NotRequired[ServerStats]  # the server's statistics extension
 
 
 class Excluded(TypedDict):
