@@ -171,7 +171,54 @@ def run_all(cases: Sequence[DetectionCase], runs: int, out: Path) -> list[Outcom
 
 
 def load_outcomes(base: Path) -> list[Outcome]:
-    return [Outcome(**json.loads(p.read_text())) for p in sorted(base.glob("*/*/outcome.json"))]
+    """Every run's outcome (runs set aside by ``--rerun-invalid`` not included)."""
+    return [
+        Outcome(**json.loads(p.read_text()))
+        for p in sorted(base.glob("*/*/outcome.json"))
+        if ".invalid-" not in p.parent.name
+    ]
+
+
+def set_aside(base: Path) -> dict[str, list[str]]:
+    """Per case, the invalid runs ``--rerun-invalid`` replaced, with their reason."""
+    out: dict[str, list[str]] = {}
+    for p in sorted(base.glob("*/*.invalid-*/outcome.json")):
+        o = Outcome(**json.loads(p.read_text()))
+        doc = (
+            json.loads((p.parent / "results.json").read_text())
+            if (p.parent / "results.json").exists()
+            else {}
+        )
+        reasons = [r for sc in doc.get("scenarios") or [] for r in sc.get("validity") or []]
+        why = reasons[0].split(":")[0] if reasons else "invalid"
+        out.setdefault(o.case, []).append(f"{o.role} {o.rep}: {why}")
+    return out
+
+
+def rerun_invalid(cases: Sequence[DetectionCase], out: Path) -> list[Outcome]:
+    """Run again each run of ``cases`` whose outcome was invalid (the harness refused to
+    judge it: e.g. dispatch lag from other work on the machine); the invalid run is kept
+    beside it as ``ROLE-REP.invalid-K`` and counted in the table."""
+    capacity = json.loads((out / "capacity.json").read_text())["capacity_rps"]
+    names = {c.name for c in cases}
+    for o in load_outcomes(out):
+        if o.case not in names or o.valid:
+            continue
+        case = BY_NAME[o.case]
+        d = out / o.case / f"{o.role}-{o.rep}"
+        k = 1
+        while d.with_name(f"{d.name}.invalid-{k}").exists():
+            k += 1
+        d.rename(d.with_name(f"{d.name}.invalid-{k}"))
+        c = case if o.role == "defect" or case.expect_pass else control_of(case)
+        r = run_case(c, str(d), capacity, cwd=str(ROOT))
+        new = reduce(case, o.role, o.rep, r.exit_code, r.doc, r.wall_s)
+        (d / "outcome.json").write_text(json.dumps(dataclasses.asdict(new), indent=1))
+        print(
+            f"[rerun {o.rep}] {o.case:<28} {o.role:<7} exit {new.exit_code} valid {new.valid}",
+            flush=True,
+        )
+    return load_outcomes(out)
 
 
 def _spread(values: Sequence[object]) -> str:
@@ -183,7 +230,9 @@ def _spread(values: Sequence[object]) -> str:
     return text + (f" (+{nones}× never)" if nones else "")
 
 
-def render(outcomes: Sequence[Outcome], note: str = "") -> str:
+def render(
+    outcomes: Sequence[Outcome], note: str = "", aside: dict[str, list[str]] | None = None
+) -> str:
     by_case: dict[str, dict[str, list[Outcome]]] = {}
     for o in outcomes:
         by_case.setdefault(o.case, {}).setdefault(o.role, []).append(o)
@@ -234,7 +283,7 @@ def render(outcomes: Sequence[Outcome], note: str = "") -> str:
         others = sorted(
             {f"{o.role}: {cid}" for o in (*defect, *control) for cid in o.other_failed}
             | {f"{o.role} invalid" for o in (*defect, *control) if not o.valid}
-        )
+        ) + [f"rerun after an invalid run ({r})" for r in (aside or {}).get(name, [])]
         lines.append(
             f"| {name} | {checks} | {f'{caught}/{len(defect)}' if defect else '—'} | {dvals} | "
             f"{clean}/{len(control)} | {cvals} | {', '.join(others) or '—'} |"
@@ -256,9 +305,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--from", dest="from_dir", default=None, help="render runs made earlier")
     p.add_argument("--write", default=None, help="write the Markdown table to this file")
     p.add_argument("--note", default="", help="a provenance note printed under the title")
+    p.add_argument(
+        "--rerun-invalid",
+        action="store_true",
+        help="with --out-dir: run again the runs of --cases that came out invalid (kept aside, "
+        "counted in the table)",
+    )
     args = p.parse_args(argv)
+    aside: dict[str, list[str]] = {}
     if args.from_dir:
         outcomes = load_outcomes(Path(args.from_dir))
+        aside = set_aside(Path(args.from_dir))
+    elif args.rerun_invalid:
+        names = [n.strip() for n in args.cases.split(",")] if args.cases else list(BY_NAME)
+        out = Path(args.out_dir)
+        outcomes = rerun_invalid([BY_NAME[n] for n in names], out)
+        aside = set_aside(out)
     else:
         names = [n.strip() for n in args.cases.split(",")] if args.cases else None
         unknown = [n for n in names or () if n not in BY_NAME]
@@ -268,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out_dir or tempfile.mkdtemp(prefix="detrep-"))
         print(f"results in {out}", flush=True)
         outcomes = run_all(cases, args.runs, out)
-    text = render(outcomes, args.note)
+    text = render(outcomes, args.note, aside)
     print(text)
     if args.write:
         Path(args.write).write_text(text)
