@@ -421,3 +421,67 @@ def test_issue13_stats_reports_show_the_split_per_stage() -> None:
     del sc["server_stats"]
     assert "server time split" not in render_summary(doc).lower()
     assert "server time split" not in render_html(doc).lower()
+
+
+# -- a real run against the reference server ---------------------------------------------
+
+
+def _harness_run(out: Any, *server_args: str) -> dict[str, Any]:
+    """``harness run integrity --quick --duration 8`` against a reference server it starts
+    (run this test under ``flock /tmp/harness-cpu.lock``: it is a real load run)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.locust_helpers import REPO, scenario_result
+
+    server = " ".join(shlex.quote(p) for p in [sys.executable, "-m", "reference_server"])
+    cmd = f"{server} {' '.join(server_args)} --port {{port}}"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "harness", "run", "integrity", "--quick", "--duration", "8",
+            "--sut-cmd", cmd, "--out", str(out),
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert (out / "results.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return scenario_result(out)
+
+
+def _in_flight_bound(sc: dict[str, Any], name: str) -> float:
+    """Requests that can be in flight at the stage's two edges (or sent between an edge and
+    its read): the faster adjacent rate × (the slowest answer + the read's lag)."""
+    from tests.locust_helpers import hist
+
+    max_s = hist(sc["latency_hdr"]).get_max_value() / 1e6
+    stages = sc["stages"]
+    i = [s["name"] for s in stages].index(name)
+    split = sc["server_stats"]["stages"][name]
+    bound = 0.0
+    for edge, read_t in (
+        (stages[i]["start_s"], split["start_s"]),
+        (stages[i]["end_s"], split["end_s"]),
+    ):
+        near = [s["rate_rps"] or 0.0 for s in stages if s["start_s"] <= edge <= s["end_s"]]
+        bound += max(near) * (max_s + abs(read_t - edge))
+    return bound + 2
+
+
+@pytest.mark.slow
+def test_issue13_stats_real_run_splits_queue_and_compute_per_stage(tmp_path: Any) -> None:
+    healthy = _harness_run(tmp_path / "healthy")
+    serial = _harness_run(tmp_path / "no-batching", "--fault", "no-batching")
+    for sc in (healthy, serial):
+        stats = sc["server_stats"]
+        assert stats["source"] == "v2-statistics" and "missing" not in stats, stats
+        assert set(stats["stages"]) == {s["name"] for s in sc["stages"]} == {"low", "high"}
+        for name, split in stats["stages"].items():
+            ok = sum(c["counters"]["ok"] for c in sc["by_stage"][name].values())
+            assert abs(split["success"] - ok) <= _in_flight_bound(sc, name), (name, split, ok)
+            assert split["fail"] == 0 and split["requests"] == split["success"] > 0
+            assert split["queue_ms"] >= 0 and split["compute_ms"] > 0
+            assert split["compute_ms"] >= split["compute_infer_ms"] > 0
+            assert split["avg_batch"] >= 1
+    # one request per model execution under the fault; full-ish batches near capacity
+    assert [serial["server_stats"]["stages"][n]["avg_batch"] for n in ("low", "high")] == [1.0, 1.0]
+    assert healthy["server_stats"]["stages"]["high"]["avg_batch"] > 1.0
