@@ -199,6 +199,18 @@ def _assert_tab_equals_results(
     return doc
 
 
+def _first_run_passes(ui: Ui, out: Path) -> dict[str, Any]:
+    """Start run-1 from the form (the scenario shortened), wait for its verdict in the tab,
+    check the tab against results.json and that the healthy server passed."""
+    ui.open()
+    ui.fill(duration=RUN_S)
+    ui.start()
+    rows = ui.verdict_of("run-1")
+    doc = _assert_tab_equals_results(rows, out / "run-1")
+    assert doc["verdict"] == "pass", (out / "run-1" / "summary.md").read_text()
+    return doc
+
+
 def _locust(*args: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         locust_cmd(*args), cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT
@@ -222,12 +234,7 @@ def test_issue11_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_
         url = f"http://127.0.0.1:{port}/"
         _wait_http(url)
         ui = Ui(browser, url, tmp_path)
-        ui.open()
-        ui.fill(duration=RUN_S)
-        ui.start()
-        rows = ui.verdict_of("run-1")
-        doc = _assert_tab_equals_results(rows, out / "run-1")
-        assert doc["verdict"] == "pass", (out / "run-1" / "summary.md").read_text()
+        doc = _first_run_passes(ui, out)
 
         ui.new_run()
         ui.fill(duration=RUN_S, sutCmd=SERVER + " --fault cross-wire:0.03")
@@ -282,12 +289,7 @@ def test_issue11_ui_on_a_distributed_master_judges_with_its_worker(
             0.5,
         )
         ui = Ui(browser, url, tmp_path)
-        ui.open()
-        ui.fill(duration=RUN_S)
-        ui.start()
-        rows = ui.verdict_of("run-1")
-        doc = _assert_tab_equals_results(rows, out / "run-1")
-        assert doc["verdict"] == "pass", (out / "run-1" / "summary.md").read_text()
+        doc = _first_run_passes(ui, out)
         assert doc["loadgen"]["workers"] == 1
         assert doc["scenarios"][0]["counters"]["ok"] > 0
     finally:
