@@ -166,7 +166,11 @@ class Ui:
             except Exception:  # the React tree re-rendered under us: read it again
                 return None
             done = [r for r in rows.get("runs", []) if r["name"] == run]
-            return rows if done and done[0]["state"] != "judging" else None
+            current = rows.get("run", [{}])[0].get("state", "")
+            # cells are read one by one while React may re-render: take a table whose run
+            # row (at the top) and runs rows (at the bottom) both show the verdict
+            judged_here = done and done[0]["state"] != "judging" and current == done[0]["state"]
+            return rows if judged_here else None
 
         rows = _until(f"{run}'s verdict in the Checklist tab", judged, timeout, 1.0)
         self.d.save_screenshot(str(self.shots / f"checklist-{run}.png"))

@@ -391,14 +391,16 @@ class HarnessState:
         doc = None
         with contextlib.suppress(HarnessError, OSError, ValueError):
             doc = results.load_document(self.run_dir / "results.json")
+        # the run judged and its record updated together, before anything that may yield
+        # (logging): the tab must never show the record judged and the run still written
+        self.judged_doc = doc
+        self.judged()
         run.update(
             verdict=(doc or {}).get("verdict"),
             exit_code=code,
             line=said.splitlines()[-1] if said else f"harness judge exited {code}",
         )
-        self.judged_doc = doc
         log.warning("harness: %s: %s — %s", run["name"], run["line"], self.run_dir / "report.html")
-        self.judged()
 
     def wait_written(self, timeout: float) -> bool:
         """Wait for a finalisation under way elsewhere (another greenlet) to write."""
