@@ -86,6 +86,7 @@ class ServerState:
         self._stop = threading.Event()
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._stall_watch: asyncio.Task[None] | None = None  # faults stall-trip/-abandon
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -118,6 +119,14 @@ class ServerState:
             self.metrics.faults.labels(name.split(":")[0]).set(1)
         self.faults.announce()
         self.faults.start()
+        self.faults.start_exit_hang()
+        if self.faults.watches_stalls:
+            self._stall_watch = asyncio.create_task(
+                self.faults.watch_stalls(
+                    self.batcher.degrade_to_single, self.batcher.abandon_queue
+                ),
+                name="fault-stall-watch",
+            )
         await self.batcher.start()
         if self.config.faults.slow_start_s is not None:
             # The defect: ready at once, the heavy init happens on the first request.
@@ -127,6 +136,8 @@ class ServerState:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._stall_watch is not None:
+            self._stall_watch.cancel()
         self.faults.stop()
         await self.batcher.stop()
 

@@ -281,6 +281,21 @@ class Batcher:
                 self._fail(item, exc)
         self._report_depths()
 
+    def degrade_to_single(self) -> None:
+        """Fault stall-trip: one request per batch from now on."""
+        self.config = dataclasses.replace(self.config, one_request_per_batch=True)
+
+    def abandon_queue(self) -> int:
+        """Fault stall-abandon: start over with an empty queue, forgetting what was queued
+        (futures never resolved, deadline timers cancelled). Returns how many."""
+        old = self.queue
+        orphaned = old.take(max_rows=2**62)
+        for item in orphaned:
+            self._cancel_timer(item)
+        self.queue = BatchQueue(self.config.levels, self.config.capacity, self.config.bounded)
+        self._report_depths()
+        return len(orphaned)
+
     # -- submission ------------------------------------------------------------------
 
     def submit(

@@ -24,6 +24,10 @@ cross-wire in a few % of batches).
 | fifo-dispatch | — | priority queues admit per level, batches form in arrival order |
 | backoff-batching | seconds per regained batch slot (1) | a queue overflow halves the batch cap |
 | cold-errors | the first N inference requests (10) | answered 503 "model not loaded yet" |
+| stall-trip | GAP_S (1) | an event-loop stall > GAP_S trips a degraded mode (one request per batch) for good |
+| stall-abandon | GAP_S (1) | an event-loop stall > GAP_S restarts the batch queue, orphaning what was queued |
+| no-drain | — | SIGTERM exits at once: accepted and in-flight requests are dropped |
+| exit-hang | — | a non-daemon thread never stops: after SIGTERM's drain the process never exits |
 
 The last two differ in *shape* from the others, so the checks can be shown to catch
 defects they were not tuned on. ``late-leak`` is a leak that only shows once a cache
@@ -64,6 +68,22 @@ endpoint says yes before the model can serve (readiness wired to the process, th
 loaded in the background), so its first N inference requests are refused 503 "model not
 loaded yet" instead of being served or waited for. It is counted in requests, not
 seconds, so the same requests fail however fast the box is.
+
+The last four are the resilience defects (freeze, rolling shutdown). Both ``stall-*``
+faults are an event-loop watchdog meant to protect against a hung model: a task ticks
+every 100 ms on the server's clock, and a tick that comes more than GAP_S late (the
+process was frozen: SIGSTOP, a VM pause, a long GC) is taken for a hang and "handled".
+``stall-trip`` handles it like a circuit breaker that never resets: the batcher drops to
+one request per batch for the rest of the process's life, so a server that met its load
+by batching falls behind it after any stall. ``stall-abandon`` restarts the batch queue:
+the requests queued at the stall are forgotten (their futures never resolved, their
+deadline timers cancelled), so their clients wait until their own timeout and the
+server's in-flight count never returns to zero. ``no-drain`` is a server that treats
+SIGTERM as SIGKILL (``os._exit(0)`` in the handler): the in-flight batch and every
+accepted request are dropped with their connections. ``exit-hang`` is a background thread
+(a metrics flusher) started non-daemon and never told to stop: the drain completes,
+uvicorn returns, and the interpreter waits for the thread forever, so the process
+outlives any drain timeout until something SIGKILLs it.
 """
 
 from __future__ import annotations
@@ -104,6 +124,10 @@ FAULT_NAMES = (
     "fifo-dispatch",
     "backoff-batching",
     "cold-errors",
+    "stall-trip",
+    "stall-abandon",
+    "no-drain",
+    "exit-hang",
 )
 
 FAULT_HELP = (
@@ -116,7 +140,10 @@ FAULT_HELP = (
     "model execution), slowdown[:MS_PER_MIN=20] (each batch slower by MS_PER_MIN ms per minute "
     "since ready), fifo-dispatch (priority at admission only), backoff-batching[:GROW_S=1] (a "
     "queue overflow halves the batch cap, regained one slot per GROW_S), cold-errors[:N=10] "
-    "(the first N inference requests answered 503); details in reference_server/faults.py"
+    "(the first N inference requests answered 503), stall-trip[:GAP_S=1] (a stall trips one "
+    "request per batch for good), stall-abandon[:GAP_S=1] (a stall orphans the queued "
+    "requests), no-drain (SIGTERM exits at once), exit-hang (a non-daemon thread keeps the "
+    "process alive after the drain); details in reference_server/faults.py"
 )
 
 
@@ -140,6 +167,10 @@ class FaultSet:
     fifo_dispatch: bool = False
     backoff_batching_grow_s: float | None = None
     cold_errors: int | None = None  # the first N inference requests are refused 503
+    stall_trip_gap_s: float | None = None  # a loop stall > GAP_S: one request per batch
+    stall_abandon_gap_s: float | None = None  # a loop stall > GAP_S: queued requests orphaned
+    no_drain: bool = False  # SIGTERM exits at once
+    exit_hang: bool = False  # a non-daemon thread keeps the process alive after the drain
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults (in field order)."""
@@ -189,6 +220,8 @@ _ONE_NUMBER: dict[str, tuple[str, str, type, float, float | None, str]] = {
     "error-rate": ("error_rate_p", "0.05", float, 0.0, 1.0, "P with 0 <= P <= 1"),
     "slowdown": ("slowdown_ms_per_min", "20", float, 0.0, None, "MS_PER_MIN with MS_PER_MIN >= 0"),
     "cold-errors": ("cold_errors", "10", int, 1, None, "N_REQUESTS, N >= 1"),
+    "stall-trip": ("stall_trip_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
+    "stall-abandon": ("stall_abandon_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "backoff-batching": (
         "backoff_batching_grow_s",
         "1",
@@ -304,6 +337,9 @@ class FaultRuntime:
         self._park = threading.Event()  # never set: parked threads wait forever
         self._stop = threading.Event()
         self._stall_thread: threading.Thread | None = None
+        self.tripped = False  # stall-trip: the degraded mode is on
+        self.abandoned = 0  # stall-abandon: requests orphaned so far
+        self._hang_thread: threading.Thread | None = None  # exit-hang
         self.stalls = 0
 
     def announce(self) -> None:
@@ -451,6 +487,49 @@ class FaultRuntime:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def watches_stalls(self) -> bool:
+        """Whether a stall-* fault wants the event-loop watchdog (``watch_stalls``)."""
+        f = self.faults
+        return f.stall_trip_gap_s is not None or f.stall_abandon_gap_s is not None
+
+    async def watch_stalls(
+        self, trip: Callable[[], None], abandon: Callable[[], int], tick_s: float = 0.1
+    ) -> None:
+        """stall-trip / stall-abandon: the watchdog task (on the event loop, until
+        cancelled). A tick later than GAP_S is "handled" by ``trip()`` (one request per
+        batch from now on) or ``abandon()`` (restart the queue; returns requests orphaned)."""
+        import asyncio
+
+        f = self.faults
+        last = self._now()
+        while True:
+            await asyncio.sleep(tick_s)
+            now = self._now()
+            gap, last = now - last - tick_s, now
+            if f.stall_trip_gap_s is not None and gap > f.stall_trip_gap_s and not self.tripped:
+                self.tripped = True
+                trip()
+                log.warning("FAULT stall-trip: a %.1f s stall tripped one request per batch", gap)
+            if f.stall_abandon_gap_s is not None and gap > f.stall_abandon_gap_s:
+                n = abandon()
+                self.abandoned += n
+                log.warning("FAULT stall-abandon: a %.1f s stall orphaned %d requests", gap, n)
+
+    def start_exit_hang(self) -> None:
+        """exit-hang: a "metrics flusher" started non-daemon and never stopped (the
+        interpreter waits for it at exit)."""
+        if self.faults.exit_hang and self._hang_thread is None:
+
+            def flush_forever() -> None:
+                while True:
+                    time.sleep(1.0)
+
+            self._hang_thread = threading.Thread(
+                target=flush_forever, name="metrics-flusher", daemon=False
+            )
+            self._hang_thread.start()
 
     def _stall_loop(self) -> None:
         assert self.faults.stall is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from types import FrameType
@@ -33,6 +34,10 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.config.faults.no_drain:
+            # The planted defect: SIGTERM treated as SIGKILL, accepted requests dropped.
+            log.warning("FAULT no-drain: received %s, exiting at once", signal.Signals(sig).name)
+            os._exit(0)
         # Deliberately not recorded in self._captured_signals: uvicorn would re-raise the
         # signal after shutdown and the process would die by SIGTERM instead of exit 0.
         if self._drain_task is not None or self._loop is None:
