@@ -4,6 +4,11 @@ The detail records what the kernel said, not what was asked: ``stopped`` lists t
 seen in state ``T`` (/proc/<pid>/stat) once the stop landed, ``still_stopped`` those still
 in it just before SIGCONT. A pause nobody observed (the server was gone, a supervisor
 continued it) is no evidence that the server stalled (harness.analysis.chaos_evidence).
+
+Before the first SIGSTOP an undo guard (``harness.chaos.guard``) is armed with the pids:
+if the harness dies mid-pause — SIGKILL, a crash — the kernel closes the guard's pipe and
+the guard continues them, so no exit path leaves the server frozen. ``detail.guard_pid``
+records it; a guard that cannot start fails the event before anything is stopped.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from typing import Any
 
 from harness.chaos.base import Action, ChaosTarget, proc_state
+from harness.chaos.guard import ContGuard
 from harness.errors import ConfigError
 
 STOPPED = ("T", "t")
@@ -43,14 +49,22 @@ class Pause(Action):
             raise ConfigError(f"pause.duration_s has value {duration_s!r}. Valid: seconds > 0")
         self.target = target
         self.stopped: list[int] = []
+        self.guard: ContGuard | None = None
 
     @classmethod
     def for_target(cls, target: ChaosTarget, params: dict[str, Any]) -> Pause:
         return cls(target, float(params.get("duration_s", 0.0)))
 
     def _apply(self) -> None:
+        pids = self.target.pids()
+        with self._lock:
+            if self._reverted:
+                return
+            # The undo that survives the harness: armed before anything is stopped.
+            self.guard = ContGuard(pids).start()
+            self.detail["guard_pid"] = self.guard.pid
         # Parent first, so it cannot react to (or respawn) children it sees stopping.
-        for pid in self.target.pids():
+        for pid in pids:
             with self._lock:
                 if self._reverted:
                     return
@@ -71,3 +85,7 @@ class Pause(Action):
         for pid in reversed(pids + [p for p in self.target.pids() if p not in pids]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+        with self._lock:
+            guard, self.guard = self.guard, None
+        if guard is not None:
+            guard.close()

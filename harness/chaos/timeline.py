@@ -21,6 +21,7 @@ from harness.chaos.base import Action, ChaosTarget
 from harness.chaos.hog import CpuHog
 from harness.chaos.kill import KillRestart
 from harness.chaos.pause import Pause
+from harness.chaos.terminate import Terminate
 from harness.errors import ConfigError
 
 ActionFactory = Callable[[ChaosTarget, dict[str, Any]], Action]
@@ -29,6 +30,7 @@ DEFAULT_ACTIONS: Mapping[str, ActionFactory] = {
     "cpu_hog": CpuHog.for_target,
     "pause": Pause.for_target,
     "kill": KillRestart.for_target,
+    "terminate": Terminate.for_target,
 }
 
 

@@ -38,17 +38,25 @@ _CHAOS_PARAMS: dict[str, dict[str, Callable[[Any], bool]]] = {
         "restart": lambda v: isinstance(v, bool),
         "signal": lambda v: v in ("SIGKILL", "SIGTERM"),
     },
+    "terminate": {
+        "restart": lambda v: isinstance(v, bool),
+        "drain_timeout_s": lambda v: (
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 600
+        ),
+    },
 }
 _CHAOS_VALID = {
     "cores": 'an integer ≥ 1 or "sut" (one hog per SUT core)',
     "pin": '"sut" (the SUT\'s cores), "none", or a list of core numbers',
     "restart": "true or false",
     "signal": '"SIGKILL" or "SIGTERM"',
+    "drain_timeout_s": "seconds, 0 < s ≤ 600",
 }
 _CHAOS_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu_hog": {"cores": "sut", "pin": "sut"},
     "pause": {},
     "kill": {"restart": True, "signal": "SIGKILL"},
+    "terminate": {"restart": True, "drain_timeout_s": 30.0},
 }
 
 
@@ -65,7 +73,7 @@ def parse_chaos(raw: Any, src: str) -> tuple[ChaosEvent, ...]:
         at = t.number("at_s", None, minimum=0)
         if at is None:
             missing(t, "at_s", "seconds after the load starts, ≥ 0")
-        if action == "kill":
+        if action in ("kill", "terminate"):
             dur = t.number("duration_s", 0.0, minimum=0)
         else:
             dur = t.number("duration_s", None, positive=True)

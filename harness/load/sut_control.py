@@ -147,7 +147,7 @@ class SutControl:
         on_exit: Callable[[dict[str, Any]], None],
     ) -> None:
         """Greenlet: call ``on_exit`` (the results' ``sut_exit``) once the server is gone."""
-        restarts = any(e.action == "kill" for e in scenario.chaos)
+        restarts = any(e.action in ("kill", "terminate") for e in scenario.chaos)
         while active():
             gevent.sleep(WATCH_EVERY_S)
             h = self.handle
