@@ -19,6 +19,11 @@ reason), never a pass:
   (``detail.stopped``) and still in it just before SIGCONT (``detail.still_stopped``);
 * ``kill``: the process was running when signalled (``detail.found``) and exited
   (``detail.gone``); with ``restart``, a new pid that became ready.
+* ``terminate``: the process was running (``detail.found``), did not ignore SIGTERM
+  (``detail.ignored``), and showed it got it — its readiness stopped answering 200
+  (``detail.unready_s``) or it exited (``detail.exit_s``); with ``restart``, a new pid
+  that became ready. One that drained but never exited is evidence (of a defect the
+  shutdown checks judge), not an invalid run.
 
 A record without the evidence (an older results file) is not evidence. The limits and
 the measured hog figures behind them are in docs/checks.md ("Invalid runs").
@@ -250,6 +255,38 @@ def _kill_evidence(name: str, rec: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _terminate_evidence(name: str, rec: Mapping[str, Any]) -> list[str]:
+    params = rec.get("params") or {}
+    detail = rec.get("detail") or {}
+    if detail.get("found") is not True:
+        return [
+            f"{name} found no running process {detail.get('old_pid')} to send SIGTERM "
+            f"(found = {detail.get('found')}): there was nothing to shut down — rerun"
+        ]
+    if detail.get("ignored") is True:
+        return [
+            f"{name}: process {detail.get('old_pid')} has SIGTERM set to SIG_IGN "
+            "(/proc/<pid>/status SigIgn): the signal asked nothing of it, so no drain was "
+            "exercised — find what sets SIG_IGN (a wrapper script, nohup) and rerun"
+        ]
+    out = []
+    if detail.get("unready_s") is None and detail.get("exit_s") is None:
+        out.append(
+            f"{name}: process {detail.get('old_pid')} neither stopped answering ready nor "
+            f"exited within {params.get('drain_timeout_s')} s of SIGTERM: no sign it got "
+            "the signal (a supervisor in front of it, a signal handler that swallows it) "
+            "— the shutdown checks would judge a server that never shut down"
+        )
+    if params.get("restart", False) and (
+        detail.get("new_pid") is None or detail.get("time_to_ready_s") is None
+    ):
+        out.append(
+            f"{name} has no restarted process that became ready (new_pid "
+            f"{detail.get('new_pid')}, time_to_ready_s {detail.get('time_to_ready_s')})"
+        )
+    return out
+
+
 def chaos_not_applied(
     scenario_result: Mapping[str, Any],
     *,
@@ -278,7 +315,9 @@ def chaos_not_applied(
         action = rec.get("action")
         plan = _plan(rec, block)
         # a restart waits for the server to be ready: the kill's end is late by design
-        late = _timing(name, rec, plan, run_end, tolerance_s, may_overrun=action == "kill")
+        late = _timing(
+            name, rec, plan, run_end, tolerance_s, may_overrun=action in ("kill", "terminate")
+        )
         if late:
             reasons.append(late)
             continue
@@ -288,4 +327,6 @@ def chaos_not_applied(
             reasons += _pause_evidence(name, rec)
         elif action == "kill":
             reasons += _kill_evidence(name, rec)
+        elif action == "terminate":
+            reasons += _terminate_evidence(name, rec)
     return reasons
