@@ -21,6 +21,7 @@ from harness.chaos.base import Action, ChaosTarget
 from harness.chaos.hog import CpuHog
 from harness.chaos.kill import KillRestart
 from harness.chaos.pause import Pause
+from harness.chaos.proxy import NetworkFault
 from harness.chaos.terminate import Terminate
 from harness.errors import ConfigError
 
@@ -31,6 +32,7 @@ DEFAULT_ACTIONS: Mapping[str, ActionFactory] = {
     "pause": Pause.for_target,
     "kill": KillRestart.for_target,
     "terminate": Terminate.for_target,
+    "network": NetworkFault.for_target,
 }
 
 

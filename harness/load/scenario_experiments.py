@@ -10,6 +10,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+from harness.chaos.proxy import NETWORK_PARAMS, toxic_spec
 from harness.errors import ConfigError
 from harness.load.scenario_model import (
     CHAOS_ACTIONS,
@@ -44,6 +45,10 @@ _CHAOS_PARAMS: dict[str, dict[str, Callable[[Any], bool]]] = {
             isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 600
         ),
     },
+    # the toxic's own parameters are checked by harness.chaos.proxy.toxic_spec below
+    "network": {
+        k: (lambda v: v is None or isinstance(v, str | int | float)) for k in NETWORK_PARAMS
+    },
 }
 _CHAOS_VALID = {
     "cores": 'an integer ≥ 1 or "sut" (one hog per SUT core)',
@@ -51,12 +56,14 @@ _CHAOS_VALID = {
     "restart": "true or false",
     "signal": '"SIGKILL" or "SIGTERM"',
     "drain_timeout_s": "seconds, 0 < s ≤ 600",
+    **{k: "see docs/scenarios.md (network)" for k in NETWORK_PARAMS},
 }
 _CHAOS_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu_hog": {"cores": "sut", "pin": "sut"},
     "pause": {},
     "kill": {"restart": True, "signal": "SIGKILL"},
     "terminate": {"restart": True, "drain_timeout_s": 30.0},
+    "network": dict.fromkeys(NETWORK_PARAMS),
 }
 
 
@@ -85,6 +92,12 @@ def parse_chaos(raw: Any, src: str) -> tuple[ChaosEvent, ...]:
             if not check(v):
                 t.fail(k, v, f"is not valid for {action}; use {_CHAOS_VALID[k]}")
             params[k] = v
+        if action == "network":
+            try:
+                toxic_spec(params)
+            except ConfigError as exc:
+                raise ConfigError(f"{src}: chaos[{i}]: {exc}") from None
+            params = {k: v for k, v in params.items() if v is not None}
         t.done()
         out.append(ChaosEvent(float(at), action, MappingProxyType(params), float(dur)))
     return tuple(out)  # file order, so errors can name chaos[i]; sorted once validated

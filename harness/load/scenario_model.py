@@ -20,7 +20,7 @@ from harness.load.arrivals import Segment
 
 LOAD_MODES = ("open", "closed")
 ARRIVALS = ("constant", "poisson")
-CHAOS_ACTIONS = ("cpu_hog", "pause", "kill", "terminate")
+CHAOS_ACTIONS = ("cpu_hog", "pause", "kill", "terminate", "network")
 LINEARITY_VARY = ("threads", "users")
 MODES = ("quick", "full")
 
