@@ -187,7 +187,7 @@ class HarnessState:
             origin_unix=self.origin_unix or time.time(),
             slot=0,
             slots=1,
-            base_url=prep.base_url,
+            base_url=prep.load_url or prep.base_url,  # the fault proxy's, for network chaos
             model=prep.model,
             capacity_rps=prep.capacity_rps,
             inputs=prep.inputs,

@@ -46,6 +46,9 @@ class Preparation:
         self.calibration: dict[str, Any] | None = None
         self.fresh_sut = False
         self.sut_doc: dict[str, Any] = {}
+        # where the load is sent: the fault proxy when the scenario has network chaos
+        # (harness.chaos.proxy), else None (base_url)
+        self.load_url: str | None = None
 
     def base(self) -> str:
         if not self.host:
@@ -78,8 +81,20 @@ class Preparation:
         if self.scenario.needs_capacity and self.capacity_rps is None:
             self._calibrate(pool, max_batch)
         self._fresh_start()
+        self._start_proxy(host, port)
         self.sut_doc = self.sut.describe(base, model, {"server": server_meta, "model": meta})
         self.sut_doc.update(http.current().describe(), metrics_url=self.opts.metrics_url)
+
+    def _start_proxy(self, host: str, port: int) -> None:
+        """A scenario with ``network`` chaos sends its load through the fault proxy; the
+        golden fetch, calibration, statistics and scrapes above go straight to the server."""
+        from harness.chaos import proxy
+
+        proxy.stop_current()  # a previous run's (web UI), if it was not stopped
+        if not any(e.action == "network" for e in self.scenario.chaos):
+            return
+        self.load_url = proxy.FaultProxy(host, port).start().url
+        log.info("harness: load goes through the fault proxy %s → %s:%d", self.load_url, host, port)
 
     def preflight(self) -> None:
         """Refuse (exit 2) a scenario this target cannot support, before starting anything."""

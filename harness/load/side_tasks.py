@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 
+from harness.chaos import proxy
 from harness.load import target
 from harness.load.scenario import Scenario
 from harness.load.sut_control import SutControl
@@ -88,6 +89,7 @@ class SideTasks:
             g.kill(block=False)
         if self.timeline is not None:
             self.timeline.stop()
+        proxy.stop_current()  # after the timeline: its network events read the proxy at revert
         remote, self.remote_sampler = self.remote_sampler, None
         if remote is not None:
             return remote.finish()
@@ -101,6 +103,8 @@ class SideTasks:
         if self.timeline is not None:
             with contextlib.suppress(Exception):
                 self.timeline.stop()
+        with contextlib.suppress(Exception):
+            proxy.stop_current()
         remote, self.remote_sampler = self.remote_sampler, None
         if remote is not None:
             with contextlib.suppress(Exception):
