@@ -350,7 +350,12 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
         if not state.ready:
             return _fail("rejected", "not_ready", 503, f"model {name!r} is not ready (warming up)")
         try:
-            body = await _read_body(scope, receive, config.max_body_bytes)
+            io_lock = state.faults.io_lock()
+            if io_lock is None:
+                body = await _read_body(scope, receive, config.max_body_bytes)
+            else:  # io-lock: the decoder's lock held across the wait for the client's bytes
+                async with io_lock:
+                    body = await _read_body(scope, receive, config.max_body_bytes)
             if body is None:
                 return _fail(
                     "rejected", "invalid", 400, "client disconnected before sending the body"

@@ -84,10 +84,22 @@ accepted request are dropped with their connections. ``exit-hang`` is a backgrou
 (a metrics flusher) started non-daemon and never told to stop: the drain completes,
 uvicorn returns, and the interpreter waits for the thread forever, so the process
 outlives any drain timeout until something SIGKILLs it.
+
+The last two are the network defects (the ``network`` scenario's fault proxy).
+``reset-leak`` is per-connection bookkeeping cleaned up on the happy path only: every
+client connection's socket is dup()ed when it is accepted (a TCP_INFO sampler for the
+connection metrics) and the dup is closed when the connection ends with a FIN; a client
+that resets its connection (ECONNRESET: ``connection_lost`` with an exception) takes the
+error path, which forgets it, so each reset leaves one socket open for good. ``io-lock``
+is a shared request decoder guarded by one process-wide lock that is taken *before* the
+body is read instead of after: the lock is held across the wait for the client's bytes,
+so one slow client (its body trickling in over a slow link) stalls every other request's
+decode behind it, while the server's own queue and compute time stay as they were.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -128,6 +140,8 @@ FAULT_NAMES = (
     "stall-abandon",
     "no-drain",
     "exit-hang",
+    "reset-leak",
+    "io-lock",
 )
 
 FAULT_HELP = (
@@ -143,7 +157,8 @@ FAULT_HELP = (
     "(the first N inference requests answered 503), stall-trip[:GAP_S=1] (a stall trips one "
     "request per batch for good), stall-abandon[:GAP_S=1] (a stall orphans the queued "
     "requests), no-drain (SIGTERM exits at once), exit-hang (a non-daemon thread keeps the "
-    "process alive after the drain); details in reference_server/faults.py"
+    "process alive after the drain), reset-leak (a socket leaked per client reset), io-lock "
+    "(a global lock held across reading the request body); details in reference_server/faults.py"
 )
 
 
@@ -171,6 +186,8 @@ class FaultSet:
     stall_abandon_gap_s: float | None = None  # a loop stall > GAP_S: queued requests orphaned
     no_drain: bool = False  # SIGTERM exits at once
     exit_hang: bool = False  # a non-daemon thread keeps the process alive after the drain
+    reset_leak: bool = False  # one socket leaked per client connection reset
+    io_lock: bool = False  # one lock held across reading every request body
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults (in field order)."""
@@ -336,6 +353,8 @@ class FaultRuntime:
         self._leaked_threads: list[threading.Thread] = []
         self._park = threading.Event()  # never set: parked threads wait forever
         self._stop = threading.Event()
+        self.reset_leaked = 0  # reset-leak: sockets forgotten so far
+        self._io_lock: asyncio.Lock | None = None
         self._stall_thread: threading.Thread | None = None
         self.tripped = False  # stall-trip: the degraded mode is on
         self.abandoned = 0  # stall-abandon: requests orphaned so far
@@ -530,6 +549,40 @@ class FaultRuntime:
                 target=flush_forever, name="metrics-flusher", daemon=False
             )
             self._hang_thread.start()
+
+    def http_protocol(self, base: type) -> type:
+        """reset-leak: uvicorn's HTTP protocol class with the leaking per-connection
+        bookkeeping (``base`` unchanged without the fault)."""
+        if not self.faults.reset_leak:
+            return base
+        runtime = self
+
+        class ResetLeakProtocol(base):  # type: ignore[valid-type, misc]
+            def connection_made(self, transport):  # type: ignore[no-untyped-def]
+                sock = transport.get_extra_info("socket")
+                self._info_fd = os.dup(sock.fileno()) if sock is not None else None
+                super().connection_made(transport)
+
+            def connection_lost(self, exc):  # type: ignore[no-untyped-def]
+                fd, self._info_fd = self._info_fd, None
+                if fd is not None:
+                    if exc is None:
+                        os.close(fd)  # the happy path closes it ...
+                    else:
+                        runtime._leaked_fds.append(fd)  # ... the reset path forgets it
+                        runtime.reset_leaked += 1
+                super().connection_lost(exc)
+
+        return ResetLeakProtocol
+
+    def io_lock(self) -> asyncio.Lock | None:
+        """io-lock: the one lock every request holds while its body is read (None
+        without the fault). Created on the server's event loop at first use."""
+        if not self.faults.io_lock:
+            return None
+        if self._io_lock is None:
+            self._io_lock = asyncio.Lock()
+        return self._io_lock
 
     def _stall_loop(self) -> None:
         assert self.faults.stall is not None

@@ -11,6 +11,7 @@ from types import FrameType
 
 import prometheus_client
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from reference_server.app import ServerState, create_app, server_state
 from reference_server.config import ServerConfig
@@ -83,7 +84,8 @@ def serve(config: ServerConfig) -> int:
         host=config.host,
         port=config.port,
         loop=loop,
-        http="httptools",
+        # the httptools protocol, or (reset-leak) one that leaks a socket per client reset
+        http=server_state(app).faults.http_protocol(HttpToolsProtocol),
         lifespan="on",
         log_level=config.log_level,
         access_log=config.access_log,
