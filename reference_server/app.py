@@ -123,7 +123,9 @@ class ServerState:
         if self.faults.watches_stalls:
             self._stall_watch = asyncio.create_task(
                 self.faults.watch_stalls(
-                    self.batcher.degrade_to_single, self.batcher.abandon_queue
+                    self.batcher.degrade_to_single,
+                    self.batcher.abandon_queue,
+                    self.batcher.respawn_workers,
                 ),
                 name="fault-stall-watch",
             )

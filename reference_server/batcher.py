@@ -242,6 +242,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.cross_wired_batches = 0
+        self._leaked_executors: list[ThreadPoolExecutor | None] = []  # fault stall-respawn
         self.cap = (
             BatchCap(config.max_batch_size, config.backoff_grow_s)
             if config.backoff_grow_s is not None
@@ -284,6 +285,15 @@ class Batcher:
     def degrade_to_single(self) -> None:
         """Fault stall-trip: one request per batch from now on."""
         self.config = dataclasses.replace(self.config, one_request_per_batch=True)
+
+    def respawn_workers(self) -> None:
+        """Fault stall-respawn: a new model-worker pool; the old one is never shut down,
+        so its threads stay (a running batch still finishes on it)."""
+        old = self._executor
+        self._executor = ThreadPoolExecutor(
+            self.config.workers, thread_name_prefix="model-worker", initializer=_name_os_thread
+        )
+        self._leaked_executors.append(old)
 
     def abandon_queue(self) -> int:
         """Fault stall-abandon: start over with an empty queue, forgetting what was queued

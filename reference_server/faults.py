@@ -26,6 +26,7 @@ cross-wire in a few % of batches).
 | cold-errors | the first N inference requests (10) | answered 503 "model not loaded yet" |
 | stall-trip | GAP_S (1) | an event-loop stall > GAP_S trips a degraded mode (one request per batch) for good |
 | stall-abandon | GAP_S (1) | an event-loop stall > GAP_S restarts the batch queue, orphaning what was queued |
+| stall-respawn | GAP_S (1) | an event-loop stall > GAP_S starts a new model-worker pool, the old one left running |
 | no-drain | — | SIGTERM exits at once: accepted and in-flight requests are dropped |
 | exit-hang | — | a non-daemon thread never stops: after SIGTERM's drain the process never exits |
 
@@ -69,7 +70,7 @@ loaded in the background), so its first N inference requests are refused 503 "mo
 loaded yet" instead of being served or waited for. It is counted in requests, not
 seconds, so the same requests fail however fast the box is.
 
-The last four are the resilience defects (freeze, rolling shutdown). Both ``stall-*``
+The last five are the resilience defects (freeze, rolling shutdown). Both ``stall-*``
 faults are an event-loop watchdog meant to protect against a hung model: a task ticks
 every 100 ms on the server's clock, and a tick that comes more than GAP_S late (the
 process was frozen: SIGSTOP, a VM pause, a long GC) is taken for a hang and "handled".
@@ -78,7 +79,9 @@ one request per batch for the rest of the process's life, so a server that met i
 by batching falls behind it after any stall. ``stall-abandon`` restarts the batch queue:
 the requests queued at the stall are forgotten (their futures never resolved, their
 deadline timers cancelled), so their clients wait until their own timeout and the
-server's in-flight count never returns to zero. ``no-drain`` is a server that treats
+server's in-flight count never returns to zero. ``stall-respawn`` restarts the model
+workers: a new thread pool replaces the old one, which is never shut down, so every stall
+leaves its worker threads behind (idle, holding their stacks). ``no-drain`` is a server that treats
 SIGTERM as SIGKILL (``os._exit(0)`` in the handler): the in-flight batch and every
 accepted request are dropped with their connections. ``exit-hang`` is a background thread
 (a metrics flusher) started non-daemon and never told to stop: the drain completes,
@@ -138,6 +141,7 @@ FAULT_NAMES = (
     "cold-errors",
     "stall-trip",
     "stall-abandon",
+    "stall-respawn",
     "no-drain",
     "exit-hang",
     "reset-leak",
@@ -156,7 +160,8 @@ FAULT_HELP = (
     "queue overflow halves the batch cap, regained one slot per GROW_S), cold-errors[:N=10] "
     "(the first N inference requests answered 503), stall-trip[:GAP_S=1] (a stall trips one "
     "request per batch for good), stall-abandon[:GAP_S=1] (a stall orphans the queued "
-    "requests), no-drain (SIGTERM exits at once), exit-hang (a non-daemon thread keeps the "
+    "requests), stall-respawn[:GAP_S=1] (a stall starts a new worker pool, the old one "
+    "left running), no-drain (SIGTERM exits at once), exit-hang (a non-daemon thread keeps the "
     "process alive after the drain), reset-leak (a socket leaked per client reset), io-lock "
     "(a global lock held across reading the request body); details in reference_server/faults.py"
 )
@@ -184,6 +189,7 @@ class FaultSet:
     cold_errors: int | None = None  # the first N inference requests are refused 503
     stall_trip_gap_s: float | None = None  # a loop stall > GAP_S: one request per batch
     stall_abandon_gap_s: float | None = None  # a loop stall > GAP_S: queued requests orphaned
+    stall_respawn_gap_s: float | None = None  # a loop stall > GAP_S: a new worker pool
     no_drain: bool = False  # SIGTERM exits at once
     exit_hang: bool = False  # a non-daemon thread keeps the process alive after the drain
     reset_leak: bool = False  # one socket leaked per client connection reset
@@ -239,6 +245,7 @@ _ONE_NUMBER: dict[str, tuple[str, str, type, float, float | None, str]] = {
     "cold-errors": ("cold_errors", "10", int, 1, None, "N_REQUESTS, N >= 1"),
     "stall-trip": ("stall_trip_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "stall-abandon": ("stall_abandon_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
+    "stall-respawn": ("stall_respawn_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "backoff-batching": (
         "backoff_batching_grow_s",
         "1",
@@ -358,6 +365,7 @@ class FaultRuntime:
         self._stall_thread: threading.Thread | None = None
         self.tripped = False  # stall-trip: the degraded mode is on
         self.abandoned = 0  # stall-abandon: requests orphaned so far
+        self.respawns = 0  # stall-respawn: worker pools started (and left running)
         self._hang_thread: threading.Thread | None = None  # exit-hang
         self.stalls = 0
 
@@ -511,14 +519,22 @@ class FaultRuntime:
     def watches_stalls(self) -> bool:
         """Whether a stall-* fault wants the event-loop watchdog (``watch_stalls``)."""
         f = self.faults
-        return f.stall_trip_gap_s is not None or f.stall_abandon_gap_s is not None
+        return any(
+            g is not None
+            for g in (f.stall_trip_gap_s, f.stall_abandon_gap_s, f.stall_respawn_gap_s)
+        )
 
     async def watch_stalls(
-        self, trip: Callable[[], None], abandon: Callable[[], int], tick_s: float = 0.1
+        self,
+        trip: Callable[[], None],
+        abandon: Callable[[], int],
+        respawn: Callable[[], None],
+        tick_s: float = 0.1,
     ) -> None:
-        """stall-trip / stall-abandon: the watchdog task (on the event loop, until
+        """stall-trip / -abandon / -respawn: the watchdog task (on the event loop, until
         cancelled). A tick later than GAP_S is "handled" by ``trip()`` (one request per
-        batch from now on) or ``abandon()`` (restart the queue; returns requests orphaned)."""
+        batch from now on), ``abandon()`` (restart the queue; returns requests orphaned)
+        or ``respawn()`` (a new worker pool, the old one left running)."""
         import asyncio
 
         f = self.faults
@@ -535,6 +551,10 @@ class FaultRuntime:
                 n = abandon()
                 self.abandoned += n
                 log.warning("FAULT stall-abandon: a %.1f s stall orphaned %d requests", gap, n)
+            if f.stall_respawn_gap_s is not None and gap > f.stall_respawn_gap_s:
+                respawn()
+                self.respawns += 1
+                log.warning("FAULT stall-respawn: a %.1f s stall started a new worker pool", gap)
 
     def start_exit_hang(self) -> None:
         """exit-hang: a "metrics flusher" started non-daemon and never stopped (the
