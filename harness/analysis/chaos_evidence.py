@@ -24,6 +24,10 @@ reason), never a pass:
   (``detail.unready_s``) or it exited (``detail.exit_s``); with ``restart``, a new pid
   that became ready. One that drained but never exited is evidence (of a defect the
   shutdown checks judge), not an invalid run.
+* ``network``: the fault proxy's own count of what the toxic did (``detail.counters``):
+  chunks delayed and seconds added (latency, bandwidth, slicer), connections reset
+  (reset_peer) or data held (timeout) — at least one each; a toxic that met no traffic
+  left the server unexposed.
 
 A record without the evidence (an older results file) is not evidence. The limits and
 the measured hog figures behind them are in docs/checks.md ("Invalid runs").
@@ -329,4 +333,37 @@ def chaos_not_applied(
             reasons += _kill_evidence(name, rec)
         elif action == "terminate":
             reasons += _terminate_evidence(name, rec)
+        elif action == "network":
+            reasons += _network_evidence(name, rec)
     return reasons
+
+
+# network: toxic → (counter that proves it acted, what it is)
+_NETWORK_PROOF = {
+    "latency": ("delay_s", "seconds of delay added"),
+    "bandwidth": ("delay_s", "seconds of delay added"),
+    "slicer": ("delay_s", "seconds of delay added"),
+    "reset_peer": ("resets", "connections reset"),
+    "timeout": ("held_chunks", "chunks held"),
+}
+
+
+def _network_evidence(name: str, rec: Mapping[str, Any]) -> list[str]:
+    toxic = (rec.get("params") or {}).get("toxic")
+    counters = (rec.get("detail") or {}).get("counters")
+    if not isinstance(counters, Mapping):
+        return [
+            f"{name} has no count from the fault proxy of what its {toxic} toxic did "
+            "(detail.counters): the proxy was gone or never asked — rerun"
+        ]
+    key, what = _NETWORK_PROOF.get(str(toxic), ("chunks_affected", "chunks affected"))
+    got = _num(counters.get(key))
+    if not got or got <= 0 or not _num(counters.get("chunks_affected")):
+        return [
+            f"{name}: the {toxic} toxic touched no traffic ({key} = {counters.get(key)}, "
+            f"chunks affected {counters.get('chunks_affected')} of "
+            f"{counters.get('chunks_seen')} seen): no {what}, so the server never met the "
+            "fault — is the load going through the proxy, and is there traffic on its "
+            "stream while it is on? Rerun"
+        ]
+    return []
