@@ -159,7 +159,7 @@ _P99_SLO = "≤ your SLO (packaged: 500 ms)"
 
 CATALOG = Catalog(
     ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
-    + ("contention", "accounting"),
+    + ("contention", "network", "accounting"),
     [
         CheckDecl(
             "cold_start.time_to_ready_s",
@@ -364,6 +364,30 @@ CATALOG = Catalog(
             passes_when="p99 and error rate back within their baseline bands ≤ {threshold} s "
             "after the hogs stop (hogs that did not apply make the run invalid)",
             scenarios=("contention",),
+        ),
+        CheckDecl(
+            "network.latency_amplification",
+            unit="x",
+            op="<=",
+            defaults=_defaults(
+                threshold=1.5, discard_s=1.0, settle_s=3.0, min_windows=3, min_injected_ms=5.0
+            ),
+            summary="latency the server adds under a slow network vs the delay the fault "
+            "proxy injected (its queueing must not amplify it)",
+            passes_when="median p50 added under latency/slicer toxics ≤ {threshold}× the "
+            "delay the proxy injected per request (a slow client stalls nobody else)",
+            scenarios=("network",),
+        ),
+        CheckDecl(
+            "network.leaks",
+            unit="count",
+            op="<=",
+            defaults=_defaults(threshold=4.0, discard_s=2.0, settle_s=5.0, min_samples=3),
+            summary="server sockets (net of the harness's connections) and threads left "
+            "over after connection resets and blackholes",
+            passes_when="≤ {threshold} more sockets or threads {settle_s} s after the "
+            "resets and blackholes end than before them",
+            scenarios=("network",),
         ),
         CheckDecl(
             "accounting.balanced",
