@@ -124,7 +124,7 @@ class ServerState:
             self._stall_watch = asyncio.create_task(
                 self.faults.watch_stalls(
                     self.batcher.degrade_to_single,
-                    self.batcher.abandon_queue,
+                    self.batcher.abandon_after_batch,
                     self.batcher.respawn_workers,
                 ),
                 name="fault-stall-watch",

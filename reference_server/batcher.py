@@ -243,6 +243,8 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self.cross_wired_batches = 0
         self._leaked_executors: list[ThreadPoolExecutor | None] = []  # fault stall-respawn
+        self._abandon_pending = False  # fault stall-abandon
+        self.abandoned = 0
         self.cap = (
             BatchCap(config.max_batch_size, config.backoff_grow_s)
             if config.backoff_grow_s is not None
@@ -294,6 +296,11 @@ class Batcher:
             self.config.workers, thread_name_prefix="model-worker", initializer=_name_os_thread
         )
         self._leaked_executors.append(old)
+
+    def abandon_after_batch(self) -> None:
+        """Fault stall-abandon: once the batch now running (the "hung" one) returns,
+        restart the queue (``abandon_queue``)."""
+        self._abandon_pending = True
 
     def abandon_queue(self) -> int:
         """Fault stall-abandon: start over with an empty queue, forgetting what was queued
@@ -435,6 +442,9 @@ class Batcher:
         return y, time.perf_counter() - t0, t0 - t_in
 
     def _finished(self, batch: tuple[Pending, ...], fut: asyncio.Future) -> None:
+        if self._abandon_pending:
+            self._abandon_pending = False
+            self.abandoned += self.abandon_queue()
         self._busy -= 1
         self._worker_free_since = self._clock()
         self._running.discard(batch)

@@ -76,8 +76,9 @@ every 100 ms on the server's clock, and a tick that comes more than GAP_S late (
 process was frozen: SIGSTOP, a VM pause, a long GC) is taken for a hang and "handled".
 ``stall-trip`` handles it like a circuit breaker that never resets: the batcher drops to
 one request per batch for the rest of the process's life, so a server that met its load
-by batching falls behind it after any stall. ``stall-abandon`` restarts the batch queue:
-the requests queued at the stall are forgotten (their futures never resolved, their
+by batching falls behind it after any stall. ``stall-abandon`` restarts the batch queue once
+the batch running at the stall (taken for hung) returns: the requests queued by then —
+the backlog the freeze built — are forgotten (their futures never resolved, their
 deadline timers cancelled), so their clients wait until their own timeout and the
 server's in-flight count never returns to zero. ``stall-respawn`` restarts the model
 workers: a new thread pool replaces the old one, which is never shut down, so every stall
@@ -364,7 +365,7 @@ class FaultRuntime:
         self._io_lock: asyncio.Lock | None = None
         self._stall_thread: threading.Thread | None = None
         self.tripped = False  # stall-trip: the degraded mode is on
-        self.abandoned = 0  # stall-abandon: requests orphaned so far
+        self.abandoned = 0  # stall-abandon: queue restarts asked for
         self.respawns = 0  # stall-respawn: worker pools started (and left running)
         self._hang_thread: threading.Thread | None = None  # exit-hang
         self.stalls = 0
@@ -527,13 +528,13 @@ class FaultRuntime:
     async def watch_stalls(
         self,
         trip: Callable[[], None],
-        abandon: Callable[[], int],
+        abandon: Callable[[], None],
         respawn: Callable[[], None],
         tick_s: float = 0.1,
     ) -> None:
         """stall-trip / -abandon / -respawn: the watchdog task (on the event loop, until
         cancelled). A tick later than GAP_S is "handled" by ``trip()`` (one request per
-        batch from now on), ``abandon()`` (restart the queue; returns requests orphaned)
+        batch from now on), ``abandon()`` (restart the queue once the running batch returns)
         or ``respawn()`` (a new worker pool, the old one left running)."""
         import asyncio
 
@@ -548,9 +549,9 @@ class FaultRuntime:
                 trip()
                 log.warning("FAULT stall-trip: a %.1f s stall tripped one request per batch", gap)
             if f.stall_abandon_gap_s is not None and gap > f.stall_abandon_gap_s:
-                n = abandon()
-                self.abandoned += n
-                log.warning("FAULT stall-abandon: a %.1f s stall orphaned %d requests", gap, n)
+                abandon()
+                self.abandoned += 1
+                log.warning("FAULT stall-abandon: a %.1f s stall: the queue will restart", gap)
             if f.stall_respawn_gap_s is not None and gap > f.stall_respawn_gap_s:
                 respawn()
                 self.respawns += 1
