@@ -562,6 +562,278 @@ def _run_agent(args: argparse.Namespace) -> int:
     return serve(config, ready=ready)
 
 
+# --- harness peak / tune (issue 14: harness/peak/) ---------------------------------------
+
+
+def _fraction(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _add_peak_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--slo-p99-ms",
+        type=_positive_float,
+        required=True,
+        help="the latency SLO: p99 over all requests (failures count as over it), in ms",
+    )
+    p.add_argument(
+        "--max-error-rate",
+        type=_fraction,
+        default=0.01,
+        help="failed + dropped share a point may have (default 0.01)",
+    )
+    p.add_argument(
+        "--confidence",
+        type=_fraction,
+        default=0.95,
+        help="early-stopping confidence of each point's p99 verdict; sets the requests per "
+        "point (default 0.95: 1182)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=_fraction,
+        default=0.05,
+        help="stop bisecting when the bracket is this fraction wide (default 0.05)",
+    )
+    p.add_argument(
+        "--start-rps",
+        type=_positive_float,
+        default=None,
+        help="first rate to measure (default: half the harness's capacity probe)",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=_fraction,
+        default=3.0,
+        help="seconds of each point not judged (default 3)",
+    )
+    p.add_argument(
+        "--min-point-s",
+        type=_positive_float,
+        default=5.0,
+        help="shortest measured part of a point (default 5 s)",
+    )
+    p.add_argument(
+        "--max-point-s",
+        type=_positive_float,
+        default=60.0,
+        help="longest measured part of a point (default 60 s)",
+    )
+    p.add_argument("--max-points", type=int, default=30, help="point budget (default 30)")
+    p.add_argument(
+        "--locust-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument passed to each point's locust run (repeatable)",
+    )
+
+
+def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
+    from harness.peak.runner import PeakConfig
+
+    return PeakConfig(
+        slo_p99_ms=args.slo_p99_ms,
+        max_error_rate=args.max_error_rate,
+        confidence=args.confidence,
+        tolerance=args.tolerance,
+        repeats=repeats,
+        start_rps=args.start_rps,
+        warmup_s=args.warmup_s,
+        min_point_s=args.min_point_s,
+        max_point_s=args.max_point_s,
+        max_points=args.max_points,
+    ).validate()
+
+
+def _add_peak(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "peak",
+        help="the highest open-loop rate at which p99 (over all requests) and errors meet an SLO",
+        description="Bracketing then bisection over open-loop Poisson rates, each point one "
+        "headless Locust run judged by the harness (p99 over all requests with MLPerf early "
+        "stopping, error rate, validity); the edge measured --repeats times for an interval. "
+        "Writes results.json, summary.md, report.html. Exit 0 a peak, 1 no rate met the SLO, "
+        "2 usage, 3 the generator (not the server) was the limit or the search was cut short.",
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--sut-cmd",
+        default=None,
+        help="start this server once, kept running between points; {port} is filled in "
+        "(default: the bundled reference server)",
+    )
+    g.add_argument("--target", default=None, metavar="URL", help="attach to a running server")
+    p.add_argument("--sut-pid", type=int, default=None, help="with --target: its pid")
+    p.add_argument("--sut-cores", default=None, help="cores for a started server, e.g. 1")
+    p.add_argument("--model", default=None, help="model name (default: the server's own)")
+    p.add_argument("--out", default="harness-results/peak", help="output directory")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="outcomes per edge rate (default 3: a 75 %% interval; 1: no edge repeats)",
+    )
+    _add_peak_options(p)
+    p.set_defaults(handler=_run_peak)
+
+
+def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
+    import shlex
+
+    if args.target is None and args.sut_pid is not None:
+        raise ConfigError("--sut-pid needs --target URL (the server's address)")
+    if args.target is not None and not args.target.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"--target has value {args.target!r}; expected an http:// URL such as "
+            "http://127.0.0.1:8000"
+        )
+    sut_cmd = args.sut_cmd
+    if sut_cmd is None and args.target is None:
+        sut_cmd = f"{shlex.quote(sys.executable)} -m reference_server --port {{port}}"
+    return {
+        "sut_cmd": sut_cmd,
+        "url": args.target,
+        "sut_pid": args.sut_pid,
+        "sut_cores": args.sut_cores,
+        "model": args.model,
+        "extra_args": tuple(args.locust_arg),
+    }
+
+
+def _run_peak(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness.peak.report import peak_sentence
+    from harness.peak.runner import run_peak
+
+    cfg = _peak_config(args, args.repeats)
+    target = _peak_target(args)
+    out = Path(args.out)
+    doc, code = run_peak(cfg, out, **target, show=lambda t: print(t, file=sys.stderr, flush=True))
+    print(
+        f"{peak_sentence(doc['peak'])}\n{out / 'summary.md'} · {out / 'report.html'} · exit {int(code)}"
+    )
+    return int(code)
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="find the server configuration with the highest peak under an SLO",
+        description="For each configuration of --space filled into --sut-cmd: start the "
+        "server, find its peak under the SLO (as `harness peak`, one point per rate), record "
+        "CPU per request and RSS; quick mode hill-climbs from --default and prunes dominated "
+        "directions (Triton model_analyzer's quick search), --brute measures every "
+        "configuration. Ranks, writes results.json, summary.md, report.html (a throughput-p99 "
+        "Pareto plot), runs the quick checklist on the winner. Resumable: run it again with "
+        "the same arguments and --out to continue.",
+    )
+    p.add_argument(
+        "--sut-cmd",
+        required=True,
+        help="server command template: {port} and one {NAME} per --space, e.g. "
+        "'python -m reference_server --port {port} --max-batch-size {max_batch}'",
+    )
+    p.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help="a dimension and its values, in order (repeatable)",
+    )
+    p.add_argument(
+        "--default",
+        default=None,
+        metavar="NAME=V,...",
+        help="the configuration to compare with and to start the quick search from "
+        "(default: the first value of each --space)",
+    )
+    p.add_argument(
+        "--append-for",
+        action="append",
+        default=[],
+        metavar="NAME=V,...:ARGS",
+        help="add ARGS to the command of the configurations NAME=V selects (repeatable), "
+        "e.g. a planted regression 'max_batch=8:--fault no-batching'",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--brute", action="store_true", help="measure every configuration")
+    mode.add_argument("--quick", action="store_true", help="hill-climb and prune (default)")
+    p.add_argument(
+        "--prune-margin",
+        type=_fraction,
+        default=0.2,
+        help="quick mode: a neighbour this much below its origin prunes its direction (0.2)",
+    )
+    p.add_argument("--sut-cores", default=None, help="cores for each server, e.g. 1")
+    p.add_argument("--model", default=None, help="model name (default: the server's own)")
+    p.add_argument("--out", default="harness-results/tune", help="output directory (+ state)")
+    p.add_argument(
+        "--fresh", action="store_true", help="ignore (delete) a state file left in --out"
+    )
+    p.add_argument(
+        "--no-checklist",
+        action="store_true",
+        help="do not run `harness acceptance --quick` on the recommended configuration",
+    )
+    _add_peak_options(p)
+    p.set_defaults(handler=_run_tune, tolerance=0.1, max_points=10)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness.peak.report import tune_sentence
+    from harness.peak.tune import Space, TuneConfig, run_tune
+
+    pc = _peak_config(args, 1)
+    space = Space.parse(args.space, args.sut_cmd)
+    default = (
+        space.parse_config(args.default, "--default")
+        if args.default
+        else tuple((n, v[0]) for n, v in space.dims)
+    )
+    append = []
+    for spec in args.append_for:
+        selector, sep, extra = spec.partition(":")
+        if not sep or not extra.strip():
+            raise ConfigError(
+                f"--append-for has value {spec!r}; expected NAME=V,...:ARGS such as "
+                "'max_batch=8:--fault no-batching'"
+            )
+        append.append((tuple(space.partial(selector, "--append-for").items()), extra.strip()))
+    if not 0 < args.prune_margin < 1:
+        raise ConfigError(f"--prune-margin has value {args.prune_margin}; expected (0, 1)")
+    tc = TuneConfig(
+        template=args.sut_cmd,
+        space=space,
+        default=default,
+        peak=pc,
+        mode="brute" if args.brute else "quick",
+        prune_margin=args.prune_margin,
+        append=tuple(append),
+        sut_cores=args.sut_cores,
+        model=args.model,
+        extra_args=tuple(args.locust_arg),
+    )
+    out = Path(args.out)
+    doc, code = run_tune(
+        tc,
+        out,
+        checklist=not args.no_checklist,
+        fresh=args.fresh,
+        show=lambda t: print(t, file=sys.stderr, flush=True),
+    )
+    print(
+        f"{tune_sentence(doc['tune'])}\n{out / 'summary.md'} · {out / 'report.html'} · exit {int(code)}"
+    )
+    return int(code)
+
+
 # --- entry point ------------------------------------------------------------------------
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -572,6 +844,8 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_judge,
     _add_compare,
     _add_agent,
+    _add_peak,
+    _add_tune,
 )
 
 

@@ -1,0 +1,398 @@
+"""summary.md and report.html for ``harness peak`` and ``harness tune``.
+
+Written to be read without the docs: every table says what its columns measure, the
+peak says what its interval means, the tune says what it ranked on and why the winner won.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.report.plots import to_data_uri
+
+
+def _n(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and math.isinf(v):
+        return "fail"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _p99(d: Mapping[str, Any]) -> str:
+    return "failure" if d.get("p99_is_failure") else _n(d.get("p99_ms"))
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{float(v):.2%}"
+
+
+def peak_sentence(peak: Mapping[str, Any]) -> str:
+    est = peak.get("estimate") or {}
+    lo, hi, pk = est.get("low_rps"), est.get("high_rps"), est.get("peak_rps")
+    slo = peak.get("slo_p99_ms")
+    limit = est.get("limit")
+    if limit == "none_met":
+        return (
+            f"No measured rate met the SLO (p99 <= {slo:g} ms over all requests): {est.get('note')}"
+        )
+    if pk is None:
+        return f"No peak: {est.get('note')}"
+    if hi is None:
+        why = {
+            "generator": "the load generator could not offer more (points invalid above it)",
+            "max_rps": "the search's ceiling",
+            "budget": f"the search stopped early ({est.get('note')})",
+        }.get(str(limit), str(limit))
+        return f"Peak >= {lo:.1f} req/s (SLO held there); no upper bound: {why}."
+    conf = est.get("confidence") or 0.0
+    base = (
+        f"Peak {pk:.1f} req/s under p99 <= {slo:g} ms (errors <= "
+        f"{float(peak.get('max_error_rate') or 0):.1%}): interval [{lo:.1f}, {hi:.1f}] req/s"
+    )
+    if conf > 0:
+        return (
+            base + f" — the SLO held at {lo:.1f} in all {peak.get('repeats')} repeats and was "
+            f"missed at {hi:.1f} in all {peak.get('repeats')}; the edge lies between with "
+            f"{conf:.0%} confidence."
+        )
+    if limit == "budget":
+        return base + f" — the search stopped before its repeats ({est.get('note')})."
+    return base + " — one point per rate (no repeats): a bracket, not a confidence interval."
+
+
+def curve_figure(peak: Mapping[str, Any]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    curve = peak.get("curve") or []
+    fig = Figure(figsize=(9.0, 3.8), dpi=80)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 2, 1)
+    ax2 = fig.add_subplot(1, 2, 2)
+    slo = float(peak.get("slo_p99_ms") or 0)
+    rates = [c["rate_rps"] for c in curve]
+    ceiling = max([slo * 3] + [c["p99_ms"] or 0 for c in curve if c.get("p99_ms")])
+    p99 = [ceiling if c.get("p99_is_failure") else c.get("p99_ms") for c in curve]
+    p50 = [c.get("p50_ms") for c in curve]
+    colours = {"met": "#2a9d8f", "missed": "#e63946", "insufficient": "#999999"}
+    for c, y in zip(curve, p99, strict=True):
+        if y is not None:
+            ax.scatter([c["rate_rps"]], [y], color=colours.get(c["outcome"], "#999"), zorder=3)
+    ax.plot(
+        rates, [y if y is not None else math.nan for y in p50], ".-", color="#457b9d", label="p50"
+    )
+    ax.axhline(slo, color="#e63946", ls="--", lw=1, label=f"SLO {slo:g} ms")
+    est = peak.get("estimate") or {}
+    if est.get("low_rps") and est.get("high_rps"):
+        ax.axvspan(
+            est["low_rps"], est["high_rps"], color="#f4a261", alpha=0.3, label="peak interval"
+        )
+    if peak.get("knee_rps"):
+        ax.axvline(peak["knee_rps"], color="#6a4c93", ls=":", lw=1.5, label="knee")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate (req/s)")
+    ax.set_ylabel("latency (ms); dots: p99 (green met, red missed)")
+    ax.legend(fontsize=7)
+    ax2.plot(rates, rates, ":", color="#999", label="offered")
+    ax2.plot(rates, [c.get("achieved_rps") for c in curve], ".-", label="ok answers/s")
+    ax2.plot(rates, [c.get("goodput_rps") for c in curve], ".-", label="goodput (ok within SLO)/s")
+    ax2b = ax2.twinx()
+    ax2b.plot(
+        rates,
+        [100 * (c.get("error_rate") or 0) for c in curve],
+        "x",
+        color="#e63946",
+        label="errors %",
+    )
+    ax2b.set_ylabel("errors (%)")
+    ax2.set_xlabel("offered rate (req/s)")
+    ax2.set_ylabel("req/s")
+    ax2.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _curve_rows(peak: Mapping[str, Any]) -> list[list[str]]:
+    knee = peak.get("knee_rps")
+    rows = []
+    for c in peak.get("curve") or []:
+        mark = " ← knee" if knee is not None and abs(c["rate_rps"] - knee) < 0.01 else ""
+        rows.append(
+            [
+                f"{c['rate_rps']:.1f}{mark}",
+                c["outcome"],
+                _n(c.get("p50_ms")),
+                _p99(c),
+                _pct(c.get("error_rate")),
+                _n(c.get("achieved_rps")),
+                _n(c.get("goodput_rps")),
+                str(c.get("n")),
+            ]
+        )
+    return rows
+
+
+_CURVE_HEAD = [
+    "offered req/s",
+    "outcome",
+    "p50 ms",
+    "p99 ms (all requests)",
+    "errors",
+    "ok req/s",
+    "goodput req/s",
+    "n",
+]
+
+
+def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _invalid(peak: Mapping[str, Any]) -> list[str]:
+    return [
+        f"- {p['rate_rps']:.1f} req/s: {(p.get('reasons') or ['?'])[0]}"
+        for p in peak.get("points") or []
+        if p.get("outcome") == "invalid"
+    ]
+
+
+def peak_markdown(doc: Mapping[str, Any]) -> str:
+    peak = doc["peak"]
+    lines = [
+        "# harness peak",
+        "",
+        f"**{peak_sentence(peak)}**",
+        "",
+        f"Each point is one open-loop Poisson run at the offered rate, {peak['samples_per_point']} "
+        f"requests or more after a warmup (enough for MLPerf's early-stopping rule at "
+        f"{peak['confidence']:.0%} when 0.5 % of requests are over the SLO). p99 counts every "
+        "request: a failed, timed-out or dropped one is over the SLO. A point *met* the SLO "
+        "when that p99 and the error rate held with enough samples; *invalid* points (the "
+        "load generator, not the server, was the limit) are left out of the curve.",
+        "",
+        f"Knee of the p99 curve: {_n(peak.get('knee_rps'))} req/s. Capacity probe "
+        f"(closed loop, no SLO): {_n(peak.get('calibration_rps'))} req/s. "
+        f"{len(peak.get('points') or [])} points in {peak.get('elapsed_s')} s; stopped: "
+        f"{peak.get('stopped')}.",
+        "",
+        "## Curve (rate → latency, errors, goodput)",
+        "",
+        _md_table(_CURVE_HEAD, _curve_rows(peak)),
+    ]
+    bad = _invalid(peak)
+    if bad:
+        lines += ["", "## Invalid points", "", *bad]
+    lines += ["", "Every point's own results: `points/point_NN/` (summary.md, report.html).", ""]
+    return "\n".join(lines)
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{th}</tr>{trs}</table>"
+
+
+_CSS = (
+    "body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:"
+    "collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th{background:#eee}.lead{font-size:1.1em;font-weight:bold}"
+)
+
+
+def peak_html(doc: Mapping[str, Any]) -> str:
+    peak = doc["peak"]
+    try:
+        img = f'<img alt="latency and goodput vs offered rate" src="{to_data_uri(curve_figure(peak))}">'
+    except (ValueError, TypeError) as e:  # too few points to draw
+        img = f"<p>(no plot: {html.escape(str(e))})</p>"
+    bad = _invalid(peak)
+    md = peak_markdown(doc).split("## Curve")[0]
+    intro = "".join(f"<p>{html.escape(line)}</p>" for line in md.splitlines()[2:] if line.strip())
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>harness peak</title>"
+        f"<style>{_CSS}</style></head><body><h1>harness peak</h1>"
+        f"<p class='lead'>{html.escape(peak_sentence(peak))}</p>{intro}{img}"
+        f"<h2>Curve (rate → latency, errors, goodput)</h2>"
+        f"{_html_table(_CURVE_HEAD, _curve_rows(peak))}"
+        + (
+            "<h2>Invalid points</h2><ul>"
+            + "".join(f"<li>{html.escape(b[2:])}</li>" for b in bad)
+            + "</ul>"
+            if bad
+            else ""
+        )
+        + "</body></html>"
+    )
+
+
+# --- harness tune -------------------------------------------------------------------------
+
+
+def tune_sentence(tune: Mapping[str, Any]) -> str:
+    rec = tune.get("recommended")
+    if not rec:
+        return "No configuration met the SLO at any rate measured: nothing to recommend."
+    top = (tune.get("ranked") or [{}])[0]
+    text = f"Recommended: {rec} — peak {top['peak_rps']:.1f} req/s under the SLO"
+    if tune.get("default_is_best"):
+        text += "; the default configuration is already the best measured"
+    elif tune.get("margin_over_default") is not None:
+        text += f", {tune['margin_over_default']:+.0%} over the default ({tune['default']})"
+    else:
+        text += f"; the default ({tune['default']}) met the SLO at no rate measured"
+    if tune.get("margin_over_worst") is not None:
+        text += f" and {tune['margin_over_worst']:+.0%} over the worst measured ({tune['worst']})"
+    return text + "."
+
+
+_TUNE_HEAD = [
+    "rank",
+    "configuration",
+    "peak req/s under SLO",
+    "missed at req/s",
+    "p50 / p99 at peak (ms)",
+    "CPU ms / request",
+    "RSS MiB",
+    "points",
+    "note",
+]
+
+
+def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    front = set(tune.get("pareto") or [])
+    for i, r in enumerate(tune.get("ranked") or [], start=1):
+        note = []
+        if r["key"] == tune.get("recommended"):
+            note.append("recommended")
+        if r["key"] == tune.get("default"):
+            note.append("default")
+        if r["key"] in front:
+            note.append("Pareto")
+        if r.get("limit") not in ("slo", None):
+            note.append(f"limit: {r.get('limit')} ({r.get('stopped')})")
+        rows.append(
+            [
+                str(i),
+                r["key"],
+                _n(r.get("peak_rps")),
+                _n(r.get("upper_rps")),
+                f"{_n(r.get('p50_at_peak_ms'))} / {_n(r.get('p99_at_peak_ms'))}",
+                _n(r.get("cpu_ms_per_request"), 2),
+                _n(r.get("rss_mib")),
+                str(r.get("n_points")),
+                "; ".join(note),
+            ]
+        )
+    return rows
+
+
+def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
+    pc = tune.get("peak_config") or {}
+    space = ", ".join(k + "=" + ",".join(v) for k, v in tune["space"].items())
+    return [
+        f"Objective: {tune['objective']}.",
+        f"Search: {tune['mode']} over {tune['space_size']} configurations of "
+        f"`{tune['template']}` ({space}); "
+        f"{tune['measured']} measured, {len(tune.get('pruned') or [])} not measured (below), "
+        f"in {tune['elapsed_s']:.0f} s"
+        + (" (resumed from its state file)" if tune.get("resumed") else "")
+        + ".",
+        "Each configuration: its own server started, then bracketing and bisection of the "
+        f"open-loop rate to {pc.get('tolerance', 0):.0%}, every point >= "
+        f"{pc.get('samples_per_point')} requests judged by the harness (p99 over all "
+        "requests with early stopping, error rate, validity). *Peak* is the highest rate "
+        "that met the SLO below every rate that missed it; CPU and RSS are the server's at "
+        "that rate.",
+    ]
+
+
+def tune_markdown(doc: Mapping[str, Any]) -> str:
+    tune = doc["tune"]
+    lines = ["# harness tune", "", f"**{tune_sentence(tune)}**", ""]
+    if tune.get("recommended_cmd"):
+        lines += ["```", tune["recommended_cmd"], "```", ""]
+    lines += _tune_intro(tune) + ["", "## Ranking", "", _md_table(_TUNE_HEAD, _tune_rows(tune))]
+    if tune.get("pruned"):
+        lines += ["", "## Not measured", ""]
+        lines += [f"- {p['key']}: {p['reason']}" for p in tune["pruned"]]
+    chk = tune.get("checklist")
+    if chk:
+        lines += ["", "## Quick checklist on the recommended configuration", "", chk["line"]]
+    lines += ["", "Each configuration's points: `configs/<configuration>/points/`.", ""]
+    return "\n".join(lines)
+
+
+def pareto_figure(tune: Mapping[str, Any]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.2), dpi=80)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    front = set(tune.get("pareto") or [])
+    pts = [r for r in tune.get("ranked") or [] if r.get("peak_rps") and r.get("p99_at_peak_ms")]
+    for r in pts:
+        on = r["key"] in front
+        colour = (
+            "#e63946" if r["key"] == tune.get("recommended") else ("#2a9d8f" if on else "#999999")
+        )
+        ax.scatter([r["peak_rps"]], [r["p99_at_peak_ms"]], color=colour, zorder=3)
+        ax.annotate(r["key"], (r["peak_rps"], r["p99_at_peak_ms"]), fontsize=6)
+    fr = sorted((r for r in pts if r["key"] in front), key=lambda r: r["peak_rps"])
+    if len(fr) > 1:
+        ax.plot(
+            [r["peak_rps"] for r in fr],
+            [r["p99_at_peak_ms"] for r in fr],
+            "--",
+            color="#2a9d8f",
+            label="Pareto front",
+        )
+    ax.axhline(float(tune.get("slo_p99_ms") or 0), color="#e63946", ls=":", lw=1, label="SLO")
+    ax.set_xlabel("peak req/s under the SLO")
+    ax.set_ylabel("p99 at the peak (ms)")
+    ax.set_title("throughput vs p99 per configuration (red: recommended)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def tune_html(doc: Mapping[str, Any]) -> str:
+    tune = doc["tune"]
+    try:
+        img = f'<img alt="throughput vs p99 per configuration" src="{to_data_uri(pareto_figure(tune))}">'
+    except (ValueError, TypeError) as e:
+        img = f"<p>(no plot: {html.escape(str(e))})</p>"
+    cmd = (
+        f"<pre>{html.escape(tune['recommended_cmd'])}</pre>" if tune.get("recommended_cmd") else ""
+    )
+    pruned = "".join(
+        f"<li>{html.escape(p['key'])}: {html.escape(p['reason'])}</li>"
+        for p in tune.get("pruned") or []
+    )
+    chk = tune.get("checklist")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>harness tune</title>"
+        f"<style>{_CSS}</style></head><body><h1>harness tune</h1>"
+        f"<p class='lead'>{html.escape(tune_sentence(tune))}</p>{cmd}"
+        + "".join(f"<p>{html.escape(x)}</p>" for x in _tune_intro(tune))
+        + f"{img}<h2>Ranking</h2>{_html_table(_TUNE_HEAD, _tune_rows(tune))}"
+        + (f"<h2>Not measured</h2><ul>{pruned}</ul>" if pruned else "")
+        + (
+            "<h2>Quick checklist on the recommended configuration</h2>"
+            f"<p>{html.escape(chk['line'])}</p>"
+            if chk
+            else ""
+        )
+        + "</body></html>"
+    )

@@ -1,0 +1,555 @@
+"""``harness peak``: measure points for ``harness.peak.search`` with the harness's own runs.
+
+One point is one headless Locust run (``harness.acceptance.run_one``, the path every
+scenario takes) of a generated one-stage scenario: open loop, Poisson arrivals at the
+point's rate, a warmup the checks do not judge, then long enough for the early-stopping
+sample count at the asked confidence (``search.samples_needed``). The run's own
+judgement decides the point: ``steady.p99_ms`` at the SLO (p99 over *every* request,
+failures and drops counted as over it, MLPerf's early-stopping rule), ``steady.error_rate``
+at the error limit, and the harness's validity rules (generator saturation, dispatch
+lag, sampler coverage) — an invalid run is a limit of the load generator, not of the
+server. The server is started once and kept running between points (its pid is given
+to each run, so the sampler and the validity rules see it); a guard process
+(``harness.peak.guard``) stops it if this process dies, SIGKILL included.
+
+The first point, unless ``--start-rps`` is given, is half of the harness's capacity
+probe (the scenario's rate is "0.5x", so the run calibrates as every relative scenario
+does); bracketing goes on from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError, ExitCode, TargetUnavailable
+from harness.peak.search import (
+    Estimate,
+    PeakSearch,
+    Point,
+    SearchParams,
+    edge_confidence,
+    knee,
+    samples_needed,
+)
+
+POINT_STAGE = "point"
+
+
+@dataclass(frozen=True)
+class PeakConfig:
+    """What ``harness peak`` was asked (validated: ``validate()`` raises ConfigError)."""
+
+    slo_p99_ms: float
+    max_error_rate: float = 0.01
+    confidence: float = 0.95
+    tolerance: float = 0.05
+    repeats: int = 3
+    start_rps: float | None = None
+    warmup_s: float = 3.0
+    min_point_s: float = 5.0
+    max_point_s: float = 60.0
+    max_points: int = 30
+    request_timeout_s: float | None = None
+    seed: int = 1
+
+    def validate(self) -> PeakConfig:
+        def bad(flag: str, value: Any, valid: str) -> ConfigError:
+            return ConfigError(f"{flag} has value {value!r}; expected {valid}")
+
+        if not (self.slo_p99_ms > 0 and math.isfinite(self.slo_p99_ms)):
+            raise bad("--slo-p99-ms", self.slo_p99_ms, "a latency in ms > 0, e.g. 100")
+        if not 0 <= self.max_error_rate < 1:
+            raise bad("--max-error-rate", self.max_error_rate, "a fraction in [0, 1), e.g. 0.01")
+        if not 0.5 <= self.confidence < 1:
+            raise bad("--confidence", self.confidence, "a probability in [0.5, 1), e.g. 0.95")
+        if not 0 < self.tolerance < 1:
+            raise bad("--tolerance", self.tolerance, "a fraction in (0, 1), e.g. 0.05")
+        if not 1 <= self.repeats <= 10:
+            raise bad("--repeats", self.repeats, "an integer in 1..10 (3: 75 % confidence)")
+        if self.start_rps is not None and not self.start_rps > 0:
+            raise bad("--start-rps", self.start_rps, "a rate in req/s > 0")
+        if not (self.warmup_s >= 0 and 0 < self.min_point_s <= self.max_point_s):
+            raise bad(
+                "--point-s",
+                (self.min_point_s, self.max_point_s),
+                "0 < min <= max seconds per point",
+            )
+        if self.max_points < 2:
+            raise bad("--max-points", self.max_points, "an integer >= 2")
+        return self
+
+    @property
+    def samples(self) -> int:
+        return samples_needed(self.confidence)
+
+    def point_seconds(self, rate: float, longer: bool = False) -> float:
+        """Measured seconds at ``rate`` for ``samples`` requests (doubled when the last
+        try had too few), within [min_point_s, max_point_s]."""
+        need = self.samples * (2 if longer else 1) / max(rate, 1e-9)
+        hi = self.max_point_s * (2 if longer else 1)
+        return round(min(hi, max(self.min_point_s, need)), 2)
+
+
+def point_scenario(cfg: PeakConfig, rate: float | None, seconds: float) -> str:
+    """The TOML of one point: one open-loop Poisson stage (``rate`` None: half the
+    calibrated capacity, "0.5x"), judged by the steady-state checks at the SLO."""
+    rate_text = '"0.5x"' if rate is None else f"{rate:.3f}"
+    timeout = f"request_timeout_s = {cfg.request_timeout_s:g}\n" if cfg.request_timeout_s else ""
+    # the warmup is a stage of its own at the same rate (one continuous open loop): the
+    # checks judge the point stage only, so the queue's fill-up is never in its figures
+    warmup = (
+        f'[[stages]]\nname = "warmup"\nduration_s = {cfg.warmup_s:.2f}\nrate = {rate_text}\n\n'
+        if cfg.warmup_s > 0
+        else ""
+    )
+    return (
+        "# generated by `harness peak`: one point of the peak search\n"
+        'name = "peak_point"\n'
+        'description = "One open-loop point of the peak search"\n\n'
+        "[load]\n"
+        'mode = "open"\n'
+        'arrival = "poisson"\n'
+        f"seed = {cfg.seed}\n"
+        "calibration_s = 5\n"
+        f"{timeout}\n"
+        f"{warmup}"
+        "[[stages]]\n"
+        f'name = "{POINT_STAGE}"\n'
+        f"duration_s = {seconds:.2f}\n"
+        f"rate = {rate_text}\n\n"
+        "[checks]\n"
+        f'"steady.p99_ms" = {{ stage = "{POINT_STAGE}", threshold = {cfg.slo_p99_ms:g}, '
+        f"confidence = {cfg.confidence:g} }}\n"
+        f'"steady.error_rate" = {{ stage = "{POINT_STAGE}", threshold = {cfg.max_error_rate:g} }}\n'
+        f'"steady.throughput" = {{ stage = "{POINT_STAGE}" }}\n'
+        '"accounting.balanced" = {}\n'
+    )
+
+
+def classify(sc: Mapping[str, Any], cfg: PeakConfig, run_dir: str | None = None) -> Point:
+    """A judged point scenario result → a ``Point`` (its outcome and curve figures)."""
+    from harness.analysis.percentiles import (
+        count_above_ms,
+        percentile_ms,
+        percentile_with_failures_ms,
+    )
+    from harness.results import records
+
+    names = [POINT_STAGE]
+    hist = records.latency(sc, stage_names=names)
+    c = records.counters(sc, stage_names=names) or dict(records.ZERO_COUNTERS)
+    stage = records.stage(sc, POINT_STAGE) or {}
+    secs = max(1e-9, float(stage.get("end_s", 0)) - float(stage.get("start_s", 0)))
+    rate = float(stage.get("rate_rps") or 0.0)
+    failed = records.failed_total(c) - int((c.get("failed") or {}).get("cancelled") or 0)
+    bad = failed + int(c.get("dropped") or 0)
+    ok = int(c.get("ok") or 0)
+    finished = ok + bad
+    p99 = percentile_with_failures_ms(hist, 99.0, bad) if finished else None
+    within = ok - count_above_ms(hist, cfg.slo_p99_ms) if ok else 0
+    checks = {ch.get("id"): ch for ch in sc.get("checks") or []}
+    reasons: list[str] = [str(r) for r in sc.get("validity") or []]
+    if sc.get("error") and not reasons:
+        err = sc["error"]
+        reasons.append(f"{err.get('type')}: {err.get('message')}")
+    if sc.get("sut_exit"):
+        reasons.append(f"the server exited: {sc['sut_exit'].get('cause')}")
+    outcome: str
+    if sc.get("sut_exit"):
+        outcome = "missed"
+    elif reasons or not checks:
+        outcome = "invalid"
+        if not reasons:
+            reasons.append("the point run judged nothing (no checks in its results)")
+    else:
+        p99c, errc = checks.get("steady.p99_ms") or {}, checks.get("steady.error_rate") or {}
+        if p99c.get("passed") is False or errc.get("passed") is False:
+            outcome = "missed"
+            reasons += [str(x.get("detail")) for x in (p99c, errc) if x.get("passed") is False]
+        elif p99c.get("passed") is True and errc.get("passed") is True:
+            outcome = "met"
+        else:
+            outcome = "insufficient"
+            reasons += [str(x.get("skipped")) for x in (p99c, errc) if x.get("skipped")]
+    return Point(
+        rate_rps=round(rate, 3),
+        outcome=outcome,  # type: ignore[arg-type]
+        p50_ms=percentile_ms(hist, 50.0),
+        p99_ms=p99,
+        error_rate=(bad / finished) if finished else None,
+        goodput_rps=within / secs,
+        achieved_rps=ok / secs,
+        n=finished,
+        duration_s=round(secs, 2),
+        reasons=tuple(reasons),
+        run_dir=run_dir,
+        capacity_rps=sc.get("capacity_rps") if sc.get("calibration") else None,
+        **_server_cost(sc, stage, ok),
+    )
+
+
+def _server_cost(sc: Mapping[str, Any], stage: Mapping[str, Any], ok: int) -> dict[str, Any]:
+    """Server CPU per answered request over the point stage (the sampler's per-tick CPU
+    %, its ticks moved onto the scenario's clock) and its largest RSS in the run."""
+    server = sc.get("server") or {}
+    series = server.get("series") or {}
+    t, cpu, rss = series.get("t") or [], series.get("cpu_pct") or [], series.get("rss_bytes") or []
+    out: dict[str, Any] = {"cpu_ms_per_request": None, "rss_mib": None}
+    rss_known = [x for x in rss if x is not None]
+    if rss_known:
+        out["rss_mib"] = round(max(rss_known) / 2**20, 1)
+    if not t or len(cpu) != len(t) or not ok or sc.get("started_unix") is None:
+        return out
+    offset = float(server.get("started_unix") or sc["started_unix"]) - float(sc["started_unix"])
+    interval = float(server.get("interval_s") or 1.0)
+    lo, hi = float(stage.get("start_s") or 0.0), float(stage.get("end_s") or 0.0)
+    # a tick at t covers (t - interval, t]: count the ticks wholly inside the stage
+    inside = [
+        c
+        for tt, c in zip(t, cpu, strict=True)
+        if c is not None and lo + interval <= tt + offset <= hi
+    ]
+    if not inside:
+        return out
+    cpu_s = sum(inside) / 100.0 * interval
+    covered = len(inside) * interval
+    answered = ok * covered / max(hi - lo, 1e-9)  # the answers in the covered ticks
+    out["cpu_ms_per_request"] = round(1000.0 * cpu_s / max(answered, 1e-9), 3)
+    return out
+
+
+# --- the server, kept running between points --------------------------------------------
+
+
+class ManagedServer:
+    """A ``--sut-cmd`` server started once for a whole search, with a guard process that
+    stops its process group when this process dies (``harness.peak.guard``)."""
+
+    def __init__(
+        self,
+        cmd: str,
+        *,
+        cores: str | None,
+        log_path: Path,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        from harness import sut
+
+        split = sut.parse_cores(cores) if cores else sut.choose_cores().sut
+        self.proc = sut.SutProcess(cmd, cores=split, log_path=log_path)
+        self.ready_timeout_s = ready_timeout_s
+        self.guard: subprocess.Popen | None = None
+        self.time_to_ready_s: float | None = None
+
+    def __enter__(self) -> ManagedServer:
+        self.proc.start()
+        self.guard = subprocess.Popen(
+            [sys.executable, "-m", "harness.peak.guard", str(os.getpid()), str(self.proc.pid)],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            self.time_to_ready_s = self.proc.wait_ready(timeout=self.ready_timeout_s)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.proc.stop()
+        finally:
+            if self.guard is not None and self.guard.poll() is None:
+                self.guard.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.guard.wait(5.0)
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+
+# --- one search ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the points go: a started server's URL and pid (or the user's --target)."""
+
+    url: str
+    pid: int | None
+    model: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+def run_point(
+    cfg: PeakConfig,
+    target: Target,
+    out_dir: Path,
+    index: int,
+    rate: float | None,
+    longer: bool,
+    show: Callable[[str], None],
+    interrupt: Any,
+) -> Point:
+    """One Locust run of a point scenario; its judged results as a ``Point``."""
+    from harness.acceptance import Plan, run_one
+    from harness.acceptance import Target as RunTarget
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seconds = cfg.point_seconds(rate or 100.0, longer)
+    name = f"point_{index:02d}"
+    toml = out_dir / f"{name}.toml"
+    toml.write_text(point_scenario(cfg, rate, seconds))
+    plan = Plan(
+        scenarios=(str(toml),),
+        mode="quick",
+        out_dir=out_dir,
+        target=RunTarget(url=target.url, sut_pid=target.pid, model=target.model),
+        extra_args=target.extra_args,
+    )
+    run = run_one(plan, str(toml), index, 0, interrupt, show)
+    if run.document is None or not run.document.get("scenarios"):
+        return Point(
+            rate_rps=float(rate or 0.0),
+            outcome="invalid",
+            reasons=(f"the point run wrote no results: {run.error}",),
+            run_dir=str(run.out_dir),
+        )
+    return classify(run.document["scenarios"][0], cfg, str(run.out_dir))
+
+
+def search(
+    cfg: PeakConfig,
+    target: Target,
+    out_dir: Path,
+    show: Callable[[str], None] = print,
+    points: list[Point] | None = None,
+    on_point: Callable[[Point], None] | None = None,
+    alive: Callable[[], bool] = lambda: True,
+) -> tuple[PeakSearch, str]:
+    """Measure points until the search stops; returns the search and why it stopped.
+    ``points``: already measured (a resumed search); ``on_point``: called after each."""
+    from harness.acceptance import _Interrupt
+
+    points = list(points or [])
+    start = cfg.start_rps
+    if start is None:
+        start = next((p.capacity_rps * 0.5 for p in points if p.capacity_rps), None)
+    s = PeakSearch(_params(cfg, start or 1.0), points)
+    why = ""
+    with _Interrupt() as interrupt:
+        while True:
+            if interrupt.requested:
+                why = "interrupted"
+                break
+            if not alive():
+                why = "the server exited"
+                break
+            if start is None:
+                rate: float | None = None  # the first point calibrates: "0.5x"
+                longer = False
+            else:
+                step = s.next_step()
+                if step.rate_rps is None:
+                    why = step.why
+                    break
+                rate, longer = step.rate_rps, step.longer
+            index = len(s.points) + 1
+            p = run_point(cfg, target, out_dir / "points", index, rate, longer, _quiet, interrupt)
+            if start is None:
+                if p.capacity_rps:
+                    start = p.capacity_rps * 0.5
+                    s = PeakSearch(_params(cfg, start), s.points)
+                elif p.outcome != "invalid" or index >= 2:
+                    raise TargetUnavailable(
+                        "the first point's capacity probe measured nothing "
+                        f"({'; '.join(p.reasons) or 'no calibration in its results'}); "
+                        "give --start-rps RATE"
+                    )
+            s.record(p)
+            if on_point is not None:
+                on_point(p)
+            show(_point_line(index, p, cfg))
+    return s, why
+
+
+def _quiet(text: str) -> None:
+    pass
+
+
+def _params(cfg: PeakConfig, start: float) -> SearchParams:
+    return SearchParams(
+        start_rps=start,
+        tolerance=cfg.tolerance,
+        repeats=cfg.repeats,
+        max_points=cfg.max_points,
+    )
+
+
+def _point_line(index: int, p: Point, cfg: PeakConfig) -> str:
+    p99 = "fail" if p.p99_ms is not None and math.isinf(p.p99_ms) else _ms(p.p99_ms)
+    err = f"{p.error_rate:.2%}" if p.error_rate is not None else "n/a"
+    line = (
+        f"  point {index:2d}: {p.rate_rps:8.1f} req/s  {p.outcome.upper():<12} "
+        f"p99 {p99} (SLO {cfg.slo_p99_ms:g} ms)  errors {err}  n={p.n}"
+    )
+    if p.outcome in ("invalid", "insufficient") and p.reasons:
+        line += f"\n      {p.reasons[0][:200]}"
+    return line
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f} ms"
+
+
+def summarize(
+    cfg: PeakConfig, s: PeakSearch, why: str, *, started: float, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ``peak`` section of results.json."""
+    est: Estimate = s.estimate()
+    if why == "interrupted" or why == "the server exited":
+        est = replace(est, limit="budget", note=why)
+    curve = sorted(
+        (p.as_dict() for p in s.points if p.outcome != "invalid"), key=lambda d: d["rate_rps"]
+    )
+    calibration = next((p.capacity_rps for p in s.points if p.capacity_rps), None)
+    return {
+        "slo_p99_ms": cfg.slo_p99_ms,
+        "max_error_rate": cfg.max_error_rate,
+        "confidence": cfg.confidence,
+        "samples_per_point": cfg.samples,
+        "tolerance": cfg.tolerance,
+        "repeats": cfg.repeats,
+        "edge_confidence": edge_confidence(cfg.repeats),
+        "config": asdict(cfg),
+        "estimate": est.as_dict(),
+        "peak_rps": est.peak_rps,
+        "interval_rps": [est.low_rps, est.high_rps],
+        "knee_rps": knee(s.points),
+        "calibration_rps": calibration,
+        "stopped": why,
+        "points": [p.as_dict() for p in s.points],
+        "curve": curve,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        **extra,
+    }
+
+
+def exit_code(peak: Mapping[str, Any]) -> ExitCode:
+    """0: a peak with its interval; 1: no rate met the SLO; 3: the generator (not the
+    server) set the limit or the search stopped before it had an answer."""
+    limit = (peak.get("estimate") or {}).get("limit")
+    if limit == "slo" and peak.get("peak_rps"):
+        return ExitCode.PASS
+    if limit == "none_met":
+        return ExitCode.FAIL
+    return ExitCode.INVALID
+
+
+def write_outputs(out_dir: Path, doc: dict[str, Any]) -> dict[str, Path]:
+    """results.json (the harness's envelope, scenarios empty: every point's own results are
+    in points/point_NN/), summary.md and report.html."""
+    from harness.peak import report
+    from harness.results import write_document
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"results": write_document(out_dir / "results.json", doc)}
+    paths["summary"] = out_dir / "summary.md"
+    paths["summary"].write_text(report.peak_markdown(doc))
+    paths["html"] = out_dir / "report.html"
+    paths["html"].write_text(report.peak_html(doc))
+    return paths
+
+
+def new_peak_document(sut: Mapping[str, Any]) -> dict[str, Any]:
+    from harness.results import machine_metadata, new_document
+
+    return new_document(machine=machine_metadata(), sut=dict(sut), loadgen={})
+
+
+@contextlib.contextmanager
+def target_for(
+    *,
+    sut_cmd: str | None,
+    url: str | None,
+    sut_pid: int | None,
+    sut_cores: str | None,
+    model: str | None,
+    log_path: Path,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[tuple[Target, Callable[[], bool], dict[str, Any]]]:
+    """The server the points go to: started here (kept between points) or the user's."""
+    if sut_cmd is not None:
+        if "{port}" not in sut_cmd:
+            raise ConfigError(
+                f"--sut-cmd has value {sut_cmd!r}: no {{port}} placeholder; the harness picks "
+                "the port, e.g. 'python -m reference_server --port {port}'"
+            )
+        with ManagedServer(sut_cmd, cores=sut_cores, log_path=log_path) as server:
+            desc = {**server.proc.describe(), "time_to_ready_s": server.time_to_ready_s}
+            yield Target(server.url, server.pid, model, extra_args), server.alive, desc
+        return
+    assert url is not None
+    yield (
+        Target(url, sut_pid, model, extra_args),
+        lambda: True,
+        {"target": url, "pid": sut_pid, "cmd": None},
+    )
+
+
+def run_peak(
+    cfg: PeakConfig,
+    out_dir: Path,
+    *,
+    sut_cmd: str | None,
+    url: str | None,
+    sut_pid: int | None,
+    sut_cores: str | None,
+    model: str | None,
+    extra_args: tuple[str, ...] = (),
+    show: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], ExitCode]:
+    """The whole of ``harness peak``: the search, its document, its reports."""
+    cfg.validate()
+    started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with target_for(
+        sut_cmd=sut_cmd,
+        url=url,
+        sut_pid=sut_pid,
+        sut_cores=sut_cores,
+        model=model,
+        log_path=out_dir / "server.log",
+        extra_args=extra_args,
+    ) as (target, alive, sut_desc):
+        show(
+            f"peak: SLO p99 <= {cfg.slo_p99_ms:g} ms over all requests, errors <= "
+            f"{cfg.max_error_rate:.1%}; {cfg.samples} requests per point "
+            f"({cfg.confidence:.0%} early stopping); server {target.url}"
+        )
+        s, why = search(cfg, target, out_dir, show, alive=alive)
+    doc = new_peak_document(sut_desc)
+    doc["peak"] = summarize(cfg, s, why, started=started, extra={})
+    code = exit_code(doc["peak"])
+    doc["verdict"] = None  # a measurement, not a checklist verdict: see peak.estimate
+    write_outputs(out_dir, doc)
+    (out_dir / "peak.json").write_text(json.dumps(doc["peak"], indent=2, default=str))
+    return doc, code

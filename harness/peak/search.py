@@ -1,0 +1,385 @@
+"""The peak search, pure: which rate to measure next, and what the measured points say.
+
+The field's recipe (MLPerf LoadGen's FindPeakPerformance for its Server scenario,
+perf_analyzer's ``--binary-search`` under ``--latency-threshold``): raise the offered
+rate until a point misses the latency bound (*bracketing*), then halve the interval
+between the last rate that met it and the first that missed (*bisection*) until it is
+narrower than a tolerance. One run of that search is one sample of a noisy edge, so
+neither tool says how far its answer would move on a rerun. This search adds an *edge
+phase*: the two rates bounding the final interval are measured again until each has
+``repeats`` outcomes; a rate whose repeats disagree is "mixed" and the bound moves one
+tolerance step outward until it holds. The result is an interval [L, U]: at L the SLO
+held in every repeat, at U it was missed in every repeat.
+
+What the interval is worth: let p(x) be the chance that one point at rate x meets the
+SLO, falling with x, and the edge e the rate with p(e) = ½. If e < L then p(L) < ½ and
+``repeats`` independent passes at L had probability < ½^repeats; likewise at U. So
+[L, U] holds the edge with confidence ≥ 1 − 2·½^repeats (75 % at 3 repeats, 87.5 % at
+4) — distribution-free, assuming only that p falls with the rate.
+
+A point is one measurement at one rate; its ``outcome`` is ``met`` (p99 over all
+requests and the error rate within their limits, with enough samples), ``missed``,
+``insufficient`` (too few samples for the early-stopping rule either way) or
+``invalid`` (the harness's validity rules refused the run: generator saturated,
+dispatch lag, sampler gaps — a limit of the load generator, not of the server). The
+search treats an insufficient point as not earned (measured again once at double
+length, then a miss), and an invalid one as no information (measured again once, then
+the search stops with the generator as the limit).
+
+Everything here is a function of the points measured so far, so a search is resumed by
+feeding it the points a killed run had already recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["met", "missed", "insufficient", "invalid"]
+Phase = Literal["bracket", "bisect", "edge", "done"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured rate and what the harness judged of it."""
+
+    rate_rps: float
+    outcome: Outcome
+    p50_ms: float | None = None
+    p99_ms: float | None = None  # over all requests: a failure ranks above every success
+    error_rate: float | None = None
+    goodput_rps: float | None = None  # ok answers within the SLO per second
+    achieved_rps: float | None = None
+    n: int = 0
+    duration_s: float = 0.0
+    reasons: tuple[str, ...] = ()  # why invalid / missed / insufficient
+    run_dir: str | None = None
+    capacity_rps: float | None = None  # the calibration probe's figure, if this point ran it
+    cpu_ms_per_request: float | None = None  # server CPU over the point stage / its answers
+    rss_mib: float | None = None  # the server's largest RSS during the point
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reasons"] = list(self.reasons)
+        if d["p99_ms"] is not None and math.isinf(d["p99_ms"]):
+            d["p99_ms"] = None
+            d["p99_is_failure"] = True
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Point:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["reasons"] = tuple(known.get("reasons") or ())
+        if d.get("p99_is_failure"):
+            known["p99_ms"] = math.inf
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    start_rps: float  # the first rate measured
+    tolerance: float = 0.05  # stop bisecting when (hi - lo) / lo <= tolerance
+    repeats: int = 3  # outcomes per edge rate (1 = no edge phase)
+    up_factor: float = 1.5  # bracketing: multiply the rate while it meets the SLO
+    down_factor: float = 0.5  # bracketing: multiply while it misses
+    min_rps: float = 1.0  # below this the server meets nothing: stop
+    max_rps: float = 1e6
+    max_points: int = 40
+
+    def __post_init__(self) -> None:
+        if not self.start_rps > 0:
+            raise ValueError(f"start_rps must be > 0, got {self.start_rps}")
+        if not 0 < self.tolerance < 1:
+            raise ValueError(f"tolerance must be in (0, 1), got {self.tolerance}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if not (self.up_factor > 1 and 0 < self.down_factor < 1):
+            raise ValueError("up_factor must be > 1 and down_factor in (0, 1)")
+
+
+def edge_confidence(repeats: int) -> float:
+    """Confidence that [L, U] holds the rate where a point meets the SLO half the time."""
+    return max(0.0, 1.0 - 2.0 * 0.5**repeats) if repeats > 1 else 0.0
+
+
+@dataclass
+class Verdicts:
+    """Outcomes per rate, in measurement order (rates rounded to 0.01 req/s)."""
+
+    by_rate: dict[float, list[Outcome]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, points: Sequence[Point]) -> Verdicts:
+        v = cls()
+        for p in points:
+            v.by_rate.setdefault(_key(p.rate_rps), []).append(p.outcome)
+        return v
+
+    def judged(self, rate: float) -> list[Outcome]:
+        """Outcomes at ``rate`` that count: met / missed. An insufficient outcome counts
+        as a miss once it was measured again (the second try at double length)."""
+        raw = self.by_rate.get(_key(rate), [])
+        out: list[Outcome] = []
+        pending_insufficient = 0
+        for o in raw:
+            if o in ("met", "missed"):
+                out.append(o)
+            elif o == "insufficient":
+                pending_insufficient += 1
+                if pending_insufficient >= 2:
+                    out.append("missed")
+                    pending_insufficient = 0
+        return out
+
+    def invalid_count(self, rate: float) -> int:
+        return sum(1 for o in self.by_rate.get(_key(rate), []) if o == "invalid")
+
+    def insufficient_pending(self, rate: float) -> bool:
+        raw = [o for o in self.by_rate.get(_key(rate), []) if o != "invalid"]
+        return bool(raw) and raw[-1] == "insufficient" and self.judged(rate)[-1:] != ["missed"]
+
+    def all_met(self, rate: float, k: int) -> bool:
+        j = self.judged(rate)
+        return len(j) >= k and all(o == "met" for o in j)
+
+    def all_missed(self, rate: float, k: int) -> bool:
+        j = self.judged(rate)
+        return len(j) >= k and all(o == "missed" for o in j)
+
+
+def _key(rate: float) -> float:
+    return round(float(rate), 2)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The search's next move: measure ``rate_rps`` (``longer``: at double length,
+    because the last try at that rate had too few samples), or stop (``rate_rps`` None)."""
+
+    phase: Phase
+    rate_rps: float | None
+    why: str
+    longer: bool = False
+    # why it stopped: found (the edge, within tolerance / repeats), none_met, max_rps,
+    # budget (points spent), generator (a rate the generator could not offer)
+    stop: str | None = None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the points say about the peak."""
+
+    low_rps: float | None  # L: met the SLO in every repeat
+    high_rps: float | None  # U: missed it in every repeat
+    peak_rps: float | None  # midpoint of [L, U]; L alone when U is unknown
+    confidence: float  # of [L, U] holding the edge (edge_confidence(repeats))
+    limit: Literal["slo", "generator", "none_met", "max_rps", "budget"] | None
+    mixed_rps: tuple[float, ...] = ()  # rates whose repeats disagreed
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mixed_rps"] = list(self.mixed_rps)
+        return d
+
+
+class PeakSearch:
+    """Bracketing, bisection, edge repeats; a pure function of the points so far."""
+
+    def __init__(self, params: SearchParams, points: Sequence[Point] = ()) -> None:
+        self.params = params
+        self.points: list[Point] = list(points)
+
+    def record(self, point: Point) -> None:
+        self.points.append(point)
+
+    # -- the decision -------------------------------------------------------------------
+
+    def next_step(self) -> Step:
+        p = self.params
+        v = Verdicts.of(self.points)
+        if len(self.points) >= p.max_points:
+            return Step("done", None, f"point budget of {p.max_points} spent", stop="budget")
+        # a rate still owed a retry (insufficient: once at double length; invalid: once)
+        if self.points:
+            last = self.points[-1]
+            if last.outcome == "insufficient" and v.insufficient_pending(last.rate_rps):
+                return Step(
+                    self._phase(v), last.rate_rps, "too few samples: again, twice as long", True
+                )
+            if last.outcome == "invalid" and v.invalid_count(last.rate_rps) == 1:
+                return Step(self._phase(v), last.rate_rps, "invalid point: measured again once")
+        step = self._decide(v)
+        if step.rate_rps is not None and v.invalid_count(step.rate_rps) >= 2:
+            return Step(
+                "done",
+                None,
+                f"{step.rate_rps:.1f} req/s was invalid twice (the load generator, not the "
+                "server, was the limit there)",
+                stop="generator",
+            )
+        return step
+
+    def _decide(self, v: Verdicts) -> Step:
+        p = self.params
+        ok = lambda r: v.invalid_count(r) < 2  # noqa: E731 (a rate still measurable)
+        lo, hi = self._bracket(v)
+        if not v.by_rate:
+            return Step("bracket", p.start_rps, "first point")
+        if lo is None and hi is None:  # only invalid points so far: the first rate again
+            return Step("bracket", p.start_rps, "first point")
+        if hi is None:  # everything measured met: go up
+            nxt = (lo or p.start_rps) * p.up_factor
+            if nxt > p.max_rps:
+                return Step(
+                    "done", None, f"met up to the {p.max_rps:g} req/s ceiling", stop="max_rps"
+                )
+            return Step("bracket", nxt, "met the SLO: raise the rate")
+        if lo is None:  # everything measured missed: go down
+            nxt = hi * p.down_factor
+            if nxt < p.min_rps:
+                return Step(
+                    "done", None, f"missed the SLO down to {p.min_rps:g} req/s", stop="none_met"
+                )
+            return Step("bracket", nxt, "missed the SLO: lower the rate")
+        if (hi - lo) / lo > p.tolerance:
+            # the midpoint, or a third of the way either side when the midpoint could not
+            # be measured (invalid twice: a noisy box, not a limit — higher rates were valid)
+            for mid in ((lo + hi) / 2.0, (lo + 2 * hi) / 3.0, (2 * lo + hi) / 3.0):
+                if ok(mid):
+                    return Step("bisect", mid, f"bisect [{lo:.1f}, {hi:.1f}]")
+            return Step("bisect", (lo + hi) / 2.0, f"bisect [{lo:.1f}, {hi:.1f}]")
+        if p.repeats <= 1:
+            return Step("done", None, "interval within tolerance", stop="found")
+        # edge phase: L must meet in every repeat, U miss in every repeat
+        L, U = self._edge(v)
+        if L is not None and len(v.judged(L)) < p.repeats and v.all_met(L, len(v.judged(L))):
+            return Step("edge", L, f"repeat the lower edge ({len(v.judged(L)) + 1}/{p.repeats})")
+        if U is not None and len(v.judged(U)) < p.repeats and v.all_missed(U, len(v.judged(U))):
+            return Step("edge", U, f"repeat the upper edge ({len(v.judged(U)) + 1}/{p.repeats})")
+        if L is None:  # every rate measured missed at least once: step below them all
+            nxt = min(r for r in v.by_rate if v.judged(r)) / (1.0 + p.tolerance)
+            if nxt < p.min_rps:
+                return Step("done", None, "no rate met the SLO in every repeat", stop="none_met")
+            return Step("edge", nxt, "the lower edge was mixed: step down")
+        if U is None:
+            nxt = self._above(v, L) * (1.0 + p.tolerance)
+            if nxt > p.max_rps:
+                return Step("done", None, "no rate missed the SLO in every repeat", stop="max_rps")
+            return Step("edge", nxt, "the upper edge was mixed: step up")
+        return Step(
+            "done",
+            None,
+            f"edge found: [{L:.1f}, {U:.1f}] in {p.repeats} repeats each",
+            stop="found",
+        )
+
+    def _phase(self, v: Verdicts) -> Phase:
+        lo, hi = self._bracket(v)
+        if lo is None or hi is None:
+            return "bracket"
+        return "bisect" if (hi - lo) / lo > self.params.tolerance else "edge"
+
+    @staticmethod
+    def _bracket(v: Verdicts) -> tuple[float | None, float | None]:
+        """lo: the highest rate whose outcomes all met, below every rate with a miss;
+        hi: the lowest rate with a miss (above lo)."""
+        rates = sorted(r for r in v.by_rate if v.judged(r))
+        missed = [r for r in rates if "missed" in v.judged(r)]
+        hi = min(missed) if missed else None
+        met = [r for r in rates if v.all_met(r, 1) and (hi is None or r < hi)]
+        lo = max(met) if met else None
+        return lo, hi
+
+    def _edge(self, v: Verdicts) -> tuple[float | None, float | None]:
+        """L: the highest rate whose judged outcomes all met, below the lowest rate whose
+        outcomes all missed; U: the lowest rate above L whose outcomes all missed."""
+        rates = sorted(r for r in v.by_rate if v.judged(r))
+        first_all_missed = [r for r in rates if v.all_missed(r, 1)]
+        # L: highest all-met rate that is below the lowest all-missed rate
+        cap = min(first_all_missed) if first_all_missed else math.inf
+        mets = [r for r in rates if v.all_met(r, 1) and r < cap]
+        L = max(mets) if mets else None
+        above = [r for r in rates if L is None or r > L]
+        Us = [r for r in above if v.all_missed(r, 1)]
+        U = min(Us) if Us else None
+        return L, U
+
+    @staticmethod
+    def _above(v: Verdicts, L: float) -> float:
+        """The highest measured rate above L (the mixed ones), or L."""
+        higher = [r for r in v.by_rate if r > L and v.judged(r)]
+        return max(higher) if higher else L
+
+    # -- the answer ---------------------------------------------------------------------
+
+    def estimate(self) -> Estimate:
+        p = self.params
+        v = Verdicts.of(self.points)
+        step = self.next_step()
+        L, U = self._edge(v)
+        k = p.repeats
+        mixed = tuple(
+            sorted(
+                r
+                for r in v.by_rate
+                if len(set(v.judged(r))) > 1 and (L is None or r > L) and (U is None or r < U)
+            )
+        )
+        stop = step.stop if step.phase == "done" else "budget"
+        if L is None:
+            return Estimate(None, U, None, 0.0, "none_met", mixed, step.why)
+        confident = k > 1 and v.all_met(L, k) and U is not None and v.all_missed(U, k)
+        conf = edge_confidence(k) if confident and stop == "found" else 0.0
+        if U is None:
+            limit: Any = stop if stop in ("generator", "max_rps") else "budget"
+            return Estimate(L, None, L, 0.0, limit, mixed, step.why)
+        limit = "slo" if stop == "found" else (stop or "budget")
+        if limit == "none_met":
+            limit = "budget"
+        return Estimate(L, U, (L + U) / 2.0, conf, limit, mixed, step.why)
+
+
+def knee(points: Sequence[Point]) -> float | None:
+    """The rate where p99 turns up (Kneedle: the measured point farthest below the chord
+    from the lowest to the highest rate's p99, both axes scaled to [0, 1]). Points whose
+    p99 is a failure or that are invalid are left out; None with fewer than 3 rates."""
+    best: dict[float, float] = {}
+    for p in points:
+        if p.outcome == "invalid" or p.p99_ms is None or not math.isfinite(p.p99_ms):
+            continue
+        r = _key(p.rate_rps)
+        best[r] = min(best.get(r, math.inf), float(p.p99_ms))
+    if len(best) < 3:
+        return None
+    xs = sorted(best)
+    ys = [best[x] for x in xs]
+    x0, x1 = xs[0], xs[-1]
+    y0, y1 = min(ys), max(ys)
+    if x1 <= x0 or y1 <= y0:
+        return None
+    xn = [(x - x0) / (x1 - x0) for x in xs]
+    yn = [(y - y0) / (y1 - y0) for y in ys]
+    # convex increasing curve: the knee is where the curve lies farthest below the chord
+    c0, c1 = yn[0], yn[-1]
+    diffs = [(c0 + (c1 - c0) * xn[i]) - yn[i] for i in range(len(xs))]
+    i = max(range(len(xs)), key=lambda j: diffs[j])
+    return xs[i] if diffs[i] > 0 else None
+
+
+def samples_needed(confidence: float, design_over: float = 0.005, q: float = 0.99) -> int:
+    """Requests one point needs so that a server with ``design_over`` of its requests
+    over the SLO (half the 1 % a p99 allows) earns a pass under the early-stopping rule
+    at ``confidence``: the smallest n with n ≥ early_stopping_min_n(⌈design_over·n⌉).
+    (0.95 → 1182, 0.99 → 2144.)"""
+    from harness.analysis.percentiles import early_stopping_min_n
+
+    n = early_stopping_min_n(0, q, confidence)
+    for _ in range(100):
+        need = early_stopping_min_n(math.ceil(design_over * n), q, confidence)
+        if need <= n:
+            return n
+        n = need
+    return n

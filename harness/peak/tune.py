@@ -1,0 +1,583 @@
+"""``harness tune``: which server configuration sustains the most traffic under the SLO.
+
+A configuration is one value per ``--space`` dimension, filled into the ``--sut-cmd``
+template (``{port}`` is the harness's). For each configuration measured: start the
+server, find its peak under the SLO (``harness.peak.runner.search``, one point per rate,
+bisection to ``--tolerance``), record the server's CPU per request and its RSS at the
+highest rate that met the SLO, stop the server.
+
+Objective (stated in every report): the highest peak under the SLO wins; peaks within
+one search tolerance of each other are a tie, broken by the lower CPU per request (the
+cheaper configuration to run at the same traffic).
+
+Search, after Triton model_analyzer's two modes:
+
+* ``brute`` — every configuration of the cross product;
+* ``quick`` — start at the default configuration, measure its neighbours (one
+  dimension one step away, in the order the values were given) and move to the best
+  while one beats the current best (hill climbing); a neighbour whose peak fell more
+  than ``prune_margin`` below the configuration it was reached from prunes the rest of
+  that direction (values further along it are not measured: a dominated region).
+
+Resumable: ``DIR/tune_state.json`` is rewritten after every point, holding each
+configuration's points; a killed tune started again with the same arguments measures
+only what is missing (a configuration cut mid-search goes on from its points).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import string
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError, ExitCode
+from harness.peak.runner import PeakConfig, Target, search, target_for
+from harness.peak.search import Point
+
+STATE = "tune_state.json"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Config = tuple[tuple[str, str], ...]  # ((dimension, value), ...) in --space order
+
+
+@dataclass(frozen=True)
+class Space:
+    dims: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @classmethod
+    def parse(cls, specs: Sequence[str], template: str) -> Space:
+        """``name=v1,v2,...`` each; every name must be a placeholder of the template and
+        every placeholder but {port}/{threads} a dimension (ConfigError naming the fix)."""
+        if not specs:
+            raise ConfigError("--space is required, e.g. --space max_batch=1,8,32")
+        dims: list[tuple[str, tuple[str, ...]]] = []
+        for spec in specs:
+            name, sep, values = spec.partition("=")
+            name = name.strip()
+            vals = tuple(v.strip() for v in values.split(","))
+            if not sep or not _NAME.match(name) or not values.strip():
+                raise ConfigError(
+                    f"--space has value {spec!r}; expected NAME=V1,V2,... such as max_batch=1,8,32"
+                )
+            if len(set(vals)) != len(vals):
+                raise ConfigError(f"--space {name} lists a value twice: {values!r}")
+            if any(n == name for n, _ in dims):
+                raise ConfigError(f"--space {name} is given twice; give each dimension once")
+            dims.append((name, vals))
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        names = {n for n, _ in dims}
+        if "port" not in fields:
+            raise ConfigError(
+                f"--sut-cmd has value {template!r}: no {{port}} placeholder; the harness "
+                "picks the port, e.g. 'python -m reference_server --port {port} ...'"
+            )
+        missing = sorted(names - fields)
+        if missing:
+            raise ConfigError(
+                f"--space {', '.join(missing)} is not a placeholder of --sut-cmd; write "
+                + " ".join(f"{{{m}}}" for m in missing)
+                + " where its value goes"
+            )
+        unknown = sorted(fields - names - {"port", "threads"})
+        if unknown:
+            raise ConfigError(
+                f"--sut-cmd has placeholder(s) {', '.join('{' + u + '}' for u in unknown)} "
+                "with no --space; add --space NAME=V1,V2 for each"
+            )
+        return cls(tuple(dims))
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for _, v in self.dims)
+
+    def all(self) -> list[Config]:
+        names = [n for n, _ in self.dims]
+        return [
+            tuple(zip(names, combo, strict=True))
+            for combo in itertools.product(*(v for _, v in self.dims))
+        ]
+
+    def parse_config(self, text: str, flag: str) -> Config:
+        """``name=value,name=value`` (every dimension) → a Config of this space."""
+        got: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            k, sep, val = part.partition("=")
+            if not sep:
+                raise ConfigError(f"{flag} has value {text!r}; expected NAME=VALUE,NAME=VALUE")
+            got[k.strip()] = val.strip()
+        out = []
+        for name, values in self.dims:
+            if name not in got:
+                raise ConfigError(f"{flag} has no value for {name}; give every dimension")
+            if got[name] not in values:
+                raise ConfigError(
+                    f"{flag} {name}={got[name]} is not in --space {name}={','.join(values)}"
+                )
+            out.append((name, got.pop(name)))
+        if got:
+            raise ConfigError(f"{flag} names {', '.join(got)}, not a --space dimension")
+        return tuple(out)
+
+    def partial(self, text: str, flag: str) -> dict[str, str]:
+        """``name=value,...`` naming some dimensions (a selector)."""
+        got: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            k, sep, val = part.partition("=")
+            names = dict(self.dims)
+            if not sep or k.strip() not in names or val.strip() not in names[k.strip()]:
+                raise ConfigError(
+                    f"{flag} has selector {text!r}; expected NAME=VALUE pairs of the --space "
+                    "dimensions, e.g. max_batch=8,workers=1"
+                )
+            got[k.strip()] = val.strip()
+        return got
+
+    def neighbours(self, cfg: Config) -> list[tuple[Config, str, int]]:
+        """Configs one step away in one dimension: (config, dimension, direction)."""
+        out = []
+        for i, (name, values) in enumerate(self.dims):
+            j = values.index(cfg[i][1])
+            for d in (-1, 1):
+                if 0 <= j + d < len(values):
+                    nxt = list(cfg)
+                    nxt[i] = (name, values[j + d])
+                    out.append((tuple(nxt), name, d))
+        return out
+
+
+def key(cfg: Config) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg)
+
+
+def command(template: str, cfg: Config, append: Sequence[tuple[Mapping[str, str], str]]) -> str:
+    """The template with the configuration's values ({port} and {threads} left for the
+    harness), plus the arguments ``--append-for`` gives configurations it selects."""
+    values = {k: shlex.quote(v) for k, v in cfg}
+    cmd = template.format(**values, port="{port}", threads="{threads}")
+    d = dict(cfg)
+    for selector, extra in append:
+        if all(d.get(k) == v for k, v in selector.items()):
+            cmd += " " + extra
+    return cmd
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    template: str
+    space: Space
+    default: Config
+    peak: PeakConfig
+    mode: str = "quick"  # or "brute"
+    prune_margin: float = 0.2
+    append: tuple[tuple[tuple[tuple[str, str], ...], str], ...] = ()
+    sut_cores: str | None = None
+    model: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def identity(self) -> dict[str, Any]:
+        """What a state file must match to be resumed."""
+        return {
+            "template": self.template,
+            "space": [[n, list(v)] for n, v in self.space.dims],
+            "default": key(self.default),
+            "slo_p99_ms": self.peak.slo_p99_ms,
+            "max_error_rate": self.peak.max_error_rate,
+            "confidence": self.peak.confidence,
+            "tolerance": self.peak.tolerance,
+            "append": [[dict(s), a] for s, a in self.append],
+        }
+
+
+# --- results per configuration ----------------------------------------------------------
+
+
+def config_result(cfg: Config, points: Sequence[Point], why: str, cmd: str) -> dict[str, Any]:
+    """What one configuration's search found (peak = the highest rate that met the SLO
+    below every rate that missed it; its p99, CPU/request and RSS at that rate)."""
+    from harness.peak.search import PeakSearch, SearchParams
+
+    s = PeakSearch(SearchParams(start_rps=1.0, repeats=1), points)
+    est = s.estimate()
+    at = None
+    if est.low_rps is not None:
+        cands = [p for p in points if p.outcome == "met" and abs(p.rate_rps - est.low_rps) < 0.01]
+        at = cands[-1] if cands else None
+    return {
+        "key": key(cfg),
+        "config": dict(cfg),
+        "cmd": cmd,
+        "peak_rps": est.low_rps or 0.0,
+        "upper_rps": est.high_rps,
+        "limit": est.limit,
+        "stopped": why,
+        "p99_at_peak_ms": at.p99_ms if at else None,
+        "p50_at_peak_ms": at.p50_ms if at else None,
+        "cpu_ms_per_request": at.cpu_ms_per_request if at else None,
+        "rss_mib": max((p.rss_mib for p in points if p.rss_mib is not None), default=None),
+        "points": [p.as_dict() for p in points],
+        "n_points": len(points),
+    }
+
+
+def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping[str, Any]]:
+    """Best first: the highest peak under the SLO; peaks within ``tolerance`` of the best
+    peak of their group are a tie, broken by CPU per request (lower first), then by key."""
+    ordered = sorted(results, key=lambda r: (-float(r["peak_rps"] or 0.0), r["key"]))
+    out: list[Mapping[str, Any]] = []
+    i = 0
+    while i < len(ordered):
+        head = float(ordered[i]["peak_rps"] or 0.0)
+        group = [r for r in ordered[i:] if float(r["peak_rps"] or 0.0) >= head * (1 - tolerance)]
+        if head <= 0:
+            group = ordered[i:]
+        group.sort(
+            key=lambda r: (
+                r.get("cpu_ms_per_request") is None,
+                r.get("cpu_ms_per_request") or 0.0,
+                r["key"],
+            )
+        )
+        out += group
+        i += len(group)
+    return out
+
+
+def pareto(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Keys on the throughput–p99 Pareto front: no other configuration has both a higher
+    (or equal) peak and a lower (or equal) p99 at its peak, one of them strictly."""
+    pts = [
+        (r["key"], float(r["peak_rps"]), float(r["p99_at_peak_ms"]))
+        for r in results
+        if r.get("peak_rps") and r.get("p99_at_peak_ms") is not None
+    ]
+    front = []
+    for k, x, y in pts:
+        dominated = any(
+            (x2 >= x and y2 <= y) and (x2 > x or y2 < y) for k2, x2, y2 in pts if k2 != k
+        )
+        if not dominated:
+            front.append(k)
+    return front
+
+
+# --- the state file ---------------------------------------------------------------------
+
+
+class State:
+    """``DIR/tune_state.json``: the tune's identity and every configuration's points."""
+
+    def __init__(self, path: Path, identity: Mapping[str, Any]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"identity": dict(identity), "configs": {}, "order": []}
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except ValueError:
+                raise ConfigError(
+                    f"{path} is not a tune state file (bad JSON); remove it or use another --out"
+                ) from None
+            if old.get("identity") != self.data["identity"]:
+                raise ConfigError(
+                    f"{path} holds a different tune (other --sut-cmd/--space/--default/SLO); "
+                    "use another --out, or --fresh to start this one over"
+                )
+            self.data = old
+        self.resumed = bool(self.data["configs"])
+
+    def points(self, k: str) -> list[Point]:
+        entry = self.data["configs"].get(k) or {}
+        return [Point.from_dict(p) for p in entry.get("points") or []]
+
+    def done(self, k: str) -> dict[str, Any] | None:
+        entry = self.data["configs"].get(k) or {}
+        return entry.get("result") if entry.get("done") else None
+
+    def add_point(self, k: str, p: Point) -> None:
+        entry = self.data["configs"].setdefault(k, {"points": [], "done": False})
+        entry["points"].append(p.as_dict())
+        if k not in self.data["order"]:
+            self.data["order"].append(k)
+        self.save()
+
+    def finish(self, k: str, result: Mapping[str, Any]) -> None:
+        entry = self.data["configs"].setdefault(k, {"points": [], "done": False})
+        entry["done"] = True
+        entry["result"] = dict(result)
+        if k not in self.data["order"]:
+            self.data["order"].append(k)
+        self.save()
+
+    def note(self, **kw: Any) -> None:
+        self.data.update(kw)
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+
+# --- the search over configurations -----------------------------------------------------
+
+
+class Tuner:
+    def __init__(
+        self,
+        tc: TuneConfig,
+        out_dir: Path,
+        show: Callable[[str], None] = print,
+        measure: Callable[
+            [Config, PeakConfig, list[Point], Callable[[Point], None]], tuple[list[Point], str]
+        ]
+        | None = None,
+    ) -> None:
+        self.tc = tc
+        self.out_dir = out_dir
+        self.show = show
+        self.state = State(out_dir / STATE, tc.identity())
+        self.measure = measure or self._measure
+        self.results: dict[str, dict[str, Any]] = {}
+        self.pruned: dict[str, str] = {}
+
+    def cmd(self, cfg: Config) -> str:
+        return command(self.tc.template, cfg, [(dict(s), a) for s, a in self.tc.append])
+
+    def _measure(
+        self, cfg: Config, pc: PeakConfig, points: list[Point], on_point: Callable[[Point], None]
+    ) -> tuple[list[Point], str]:
+        d = self.out_dir / "configs" / _dirname(cfg)
+        d.mkdir(parents=True, exist_ok=True)
+        with target_for(
+            sut_cmd=self.cmd(cfg),
+            url=None,
+            sut_pid=None,
+            sut_cores=self.tc.sut_cores,
+            model=self.tc.model,
+            log_path=d / "server.log",
+            extra_args=self.tc.extra_args,
+        ) as (target, alive, _desc):
+            assert isinstance(target, Target)
+            s, why = search(pc, target, d, self.show, points=points, on_point=on_point, alive=alive)
+        return s.points, why
+
+    def evaluate(self, cfg: Config, hint_rps: float | None) -> dict[str, Any]:
+        """One configuration's result: from the state file, or measured now."""
+        k = key(cfg)
+        if k in self.results:
+            return self.results[k]
+        done = self.state.done(k)
+        if done is not None:
+            self.show(
+                f"[{len(self.results) + 1}] {k}: from {STATE} (peak {done['peak_rps']:.1f} req/s)"
+            )
+            self.results[k] = done
+            return done
+        prior = self.state.points(k)
+        pc = replace(self.tc.peak, start_rps=self.tc.peak.start_rps or hint_rps)
+        if prior and pc.start_rps is None:
+            pc = replace(pc, start_rps=prior[0].rate_rps)
+        self.show(
+            f"[{len(self.results) + 1}] {k}: searching"
+            + (f" (resumed after {len(prior)} points)" if prior else "")
+            + (f" from {pc.start_rps:.1f} req/s" if pc.start_rps else " (capacity probe first)")
+        )
+        points, why = self.measure(cfg, pc, prior, lambda p: self.state.add_point(k, p))
+        res = config_result(cfg, points, why, self.cmd(cfg))
+        if why == "interrupted":
+            raise KeyboardInterrupt
+        self.state.finish(k, res)
+        self.results[k] = res
+        self.show(
+            f"    → peak {res['peak_rps']:.1f} req/s under the SLO"
+            + (f", p99 {res['p99_at_peak_ms']:.1f} ms" if res.get("p99_at_peak_ms") else "")
+            + (
+                f", {res['cpu_ms_per_request']:.2f} CPU ms/request"
+                if res.get("cpu_ms_per_request")
+                else ""
+            )
+            + f" ({len(points)} points; {why})"
+        )
+        return res
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        tol = self.tc.peak.tolerance
+        if self.tc.mode == "brute":
+            hint = None
+            for cfg in self.tc.space.all():
+                r = self.evaluate(cfg, hint)
+                hint = _hint(r, hint)
+        else:
+            self._quick()
+        ranked = rank(list(self.results.values()), tol)
+        return self._summary(ranked, time.monotonic() - started)
+
+    def _quick(self) -> None:
+        tol = self.tc.peak.tolerance
+        best = self.tc.default
+        best_r = self.evaluate(best, None)
+        while True:
+            improved = None
+            for nb, dim, d in self.tc.space.neighbours(best):
+                if key(nb) in self.pruned:
+                    continue
+                r = self.evaluate(nb, _hint(best_r, None))
+                if float(r["peak_rps"]) < float(best_r["peak_rps"]) * (1 - self.tc.prune_margin):
+                    # a dominated direction: the values further along it are not measured
+                    self._prune_beyond(nb, dim, d, r, best_r)
+                if float(r["peak_rps"]) > float(best_r["peak_rps"]) * (1 + tol / 2) and (
+                    improved is None or float(r["peak_rps"]) > float(improved[1]["peak_rps"])
+                ):
+                    improved = (nb, r)
+            if improved is None:
+                break
+            best, best_r = improved
+        left = [key(c) for c in self.tc.space.all() if key(c) not in self.results]
+        for k in left:
+            self.pruned.setdefault(k, "not reached: the hill climb stopped at a local best")
+
+    def _prune_beyond(
+        self, cfg: Config, dim: str, d: int, r: Mapping[str, Any], from_r: Mapping[str, Any]
+    ) -> None:
+        names = [n for n, _ in self.tc.space.dims]
+        i = names.index(dim)
+        values = self.tc.space.dims[i][1]
+        j = values.index(cfg[i][1])
+        for jj in range(j + d, -1 if d < 0 else len(values), d):
+            nxt = list(cfg)
+            nxt[i] = (dim, values[jj])
+            k = key(tuple(nxt))
+            if k not in self.results:
+                self.pruned[k] = (
+                    f"dominated: {dim} {cfg[i][1]} already fell to {float(r['peak_rps']):.1f} req/s "
+                    f"from {float(from_r['peak_rps']):.1f} (> {self.tc.prune_margin:.0%} worse)"
+                )
+
+    def _summary(self, ranked: list[Mapping[str, Any]], elapsed: float) -> dict[str, Any]:
+        dk = key(self.tc.default)
+        default = self.results.get(dk)
+        valid = [r for r in ranked if r.get("peak_rps")]
+        winner = valid[0] if valid else None
+        worst = valid[-1] if valid else None
+        margin = None
+        if winner and default and default.get("peak_rps"):
+            margin = winner["peak_rps"] / default["peak_rps"] - 1.0
+        over_worst = None
+        if winner and worst and worst.get("peak_rps"):
+            over_worst = winner["peak_rps"] / worst["peak_rps"] - 1.0
+        return {
+            "mode": self.tc.mode,
+            "objective": (
+                "highest peak under the SLO (open-loop Poisson, p99 over all requests <= "
+                f"{self.tc.peak.slo_p99_ms:g} ms, errors <= {self.tc.peak.max_error_rate:.1%}); "
+                f"peaks within {self.tc.peak.tolerance:.0%} tie, broken by lower CPU ms/request"
+            ),
+            "template": self.tc.template,
+            "space": {n: list(v) for n, v in self.tc.space.dims},
+            "space_size": self.tc.space.size,
+            "default": dk,
+            "ranked": [dict(r) for r in ranked],
+            "recommended": winner["key"] if winner else None,
+            "recommended_cmd": winner["cmd"] if winner else None,
+            "default_is_best": bool(winner and winner["key"] == dk),
+            "margin_over_default": margin,
+            "margin_over_worst": over_worst,
+            "worst": worst["key"] if worst else None,
+            "pareto": pareto(ranked),
+            "pruned": [{"key": k, "reason": why} for k, why in sorted(self.pruned.items())],
+            "measured": len(self.results),
+            "resumed": self.state.resumed,
+            "elapsed_s": round(elapsed, 1),
+            "slo_p99_ms": self.tc.peak.slo_p99_ms,
+            "peak_config": {
+                "confidence": self.tc.peak.confidence,
+                "tolerance": self.tc.peak.tolerance,
+                "samples_per_point": self.tc.peak.samples,
+            },
+        }
+
+
+def _hint(r: Mapping[str, Any], prev: float | None) -> float | None:
+    """Where the next configuration's bracketing starts: 0.8 x the best peak seen (the
+    search goes up by 1.5 x or down by 0.5 x from there)."""
+    pk = float(r.get("peak_rps") or 0.0)
+    if pk <= 0:
+        return prev
+    return 0.8 * pk
+
+
+def _dirname(cfg: Config) -> str:
+    return "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '', v) or 'none'}" for k, v in cfg)
+
+
+def exit_code(summary: Mapping[str, Any]) -> ExitCode:
+    return ExitCode.PASS if summary.get("recommended") else ExitCode.FAIL
+
+
+def run_checklist(cmd: str, out_dir: Path, sut_cores: str | None) -> dict[str, Any]:
+    """``harness acceptance --quick`` on the recommended configuration, as a subprocess
+    (its own exit code and reports in ``out_dir``)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "harness", "acceptance", "--quick", "--sut-cmd", cmd]
+    argv += ["--out", str(out_dir)]
+    if sut_cores:
+        argv += ["--sut-cores", sut_cores]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return {
+        "exit_code": proc.returncode,
+        "out": str(out_dir),
+        "line": f"`harness acceptance --quick` on it: {last or proc.stderr.strip()[-300:]} "
+        f"(exit {proc.returncode}; {out_dir}/summary.md)",
+    }
+
+
+def write_outputs(out_dir: Path, doc: dict[str, Any]) -> None:
+    from harness.peak import report
+    from harness.results import write_document
+
+    write_document(out_dir / "results.json", doc)
+    (out_dir / "summary.md").write_text(report.tune_markdown(doc))
+    (out_dir / "report.html").write_text(report.tune_html(doc))
+
+
+def run_tune(
+    tc: TuneConfig,
+    out_dir: Path,
+    *,
+    checklist: bool,
+    fresh: bool = False,
+    show: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], ExitCode]:
+    """The whole of ``harness tune``: search, rank, reports, the winner's checklist."""
+    from harness.results import machine_metadata, new_document
+
+    tc.peak.validate()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if fresh and (out_dir / STATE).exists():
+        (out_dir / STATE).unlink()
+    tuner = Tuner(tc, out_dir, show)
+    if tuner.state.resumed:
+        done = sum(1 for e in tuner.state.data["configs"].values() if e.get("done"))
+        show(f"tune: resuming from {out_dir / STATE} ({done} configurations done)")
+    summary = tuner.run()
+    if checklist and summary.get("recommended_cmd"):
+        show(f"tune: quick checklist on {summary['recommended']} …")
+        summary["checklist"] = run_checklist(
+            summary["recommended_cmd"], out_dir / "checklist", tc.sut_cores
+        )
+    doc = new_document(machine=machine_metadata(), sut={"cmd": tc.template}, loadgen={})
+    doc["tune"] = summary
+    write_outputs(out_dir, doc)
+    return doc, exit_code(summary)
