@@ -71,6 +71,15 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
             | {"harness.errors", "harness.sut"}
         ),
     ),
+    # issue 14: `harness peak` / `harness tune` drive whole runs (harness.acceptance's
+    # run_one) and read their judged results; they render their own summary and report
+    (
+        "harness.peak",
+        frozenset(
+            {"harness.acceptance", "harness.results", "harness.analysis", "harness.report"}
+            | {"harness.errors", "harness.sut"}
+        ),
+    ),
     ("harness.cli", None),  # type: ignore[arg-type]  # the top: everything
     ("harness.__main__", frozenset({"harness.cli"})),
     ("harness", frozenset()),  # harness/__init__.py: the version only
