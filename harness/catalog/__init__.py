@@ -159,7 +159,7 @@ _P99_SLO = "≤ your SLO (packaged: 500 ms)"
 
 CATALOG = Catalog(
     ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
-    + ("contention", "network", "accounting"),
+    + ("contention", "network", "freeze", "crash", "shutdown", "accounting"),
     [
         CheckDecl(
             "cold_start.time_to_ready_s",
@@ -388,6 +388,95 @@ CATALOG = Catalog(
             passes_when="≤ {threshold} more sockets or threads {settle_s} s after the "
             "resets and blackholes end than before them",
             scenarios=("network",),
+        ),
+        CheckDecl(
+            "freeze.recovery_s",
+            unit="s",
+            op="<=",
+            defaults=RECOVERY_DEFAULTS,
+            summary="time after the server is resumed (SIGCONT) until p99 and error rate "
+            "are back within their baseline bands",
+            passes_when="p99 and error rate back within their baseline bands ≤ {threshold} s "
+            "after a SIGSTOP freeze ends",
+            scenarios=("freeze",),
+        ),
+        CheckDecl(
+            "freeze.unanswered",
+            unit="requests",
+            op="<=",
+            defaults=_defaults(threshold=0),
+            summary="requests sent during the freeze that the server never answered (client "
+            "timeout, connection dropped) or answered with another's output",
+            passes_when="≤ {threshold} requests sent during the freeze lost or misanswered "
+            "(each completes or gets an error status)",
+            scenarios=("freeze",),
+        ),
+        CheckDecl(
+            "freeze.resource_step",
+            unit="count",
+            op="<=",
+            defaults=_defaults(
+                threshold=0.0, rss_max_mib=32.0, span_s=8.0, settle_s=3.0, discard_s=2.0
+            ),
+            summary="threads and non-socket fds left behind by a freeze (median before vs "
+            "settled after), RSS step bounded",
+            passes_when="≤ {threshold} threads + non-socket fds more after the freeze than "
+            "before, RSS step ≤ {rss_max_mib} MiB",
+            scenarios=("freeze",),
+        ),
+        CheckDecl(
+            "crash.recovery_s",
+            unit="s",
+            op="<=",
+            defaults=_defaults(**{**RECOVERY_DEFAULTS, "threshold": 15.0}),
+            summary="time from SIGKILL until the restarted server serves at baseline p99 "
+            "and error rate again (outage + restart + warm-up)",
+            passes_when="p99 and error rate back within their baseline bands ≤ {threshold} s "
+            "after a SIGKILL (restart included)",
+            scenarios=("crash_restart",),
+        ),
+        CheckDecl(
+            "crash.errors_after_ready",
+            unit="ratio",
+            op="<=",
+            defaults=_defaults(threshold=0.01, span_s=5.0, min_requests=100),
+            summary="failed share of the requests sent after the restarted server said "
+            "ready (the error burst confined to the outage)",
+            passes_when="≤ {threshold:%} of requests sent in the {span_s} s after the "
+            "restart is ready fail",
+            scenarios=("crash_restart",),
+        ),
+        CheckDecl(
+            "crash.cold_penalty",
+            unit="x",
+            op="<=",
+            defaults=_defaults(threshold=5.0, min_excess_ms=50.0, span_s=3.0, discard_s=2.0),
+            summary="worst windowed p99 right after the restart vs the warm p99 before the "
+            "kill (the restart warmed up)",
+            passes_when="worst p99 in the {span_s} s after the restart is ready ≤ "
+            "{threshold}× the warm p99 (or ≤ {min_excess_ms} ms above it)",
+            scenarios=("crash_restart",),
+        ),
+        CheckDecl(
+            "shutdown.lost",
+            unit="requests",
+            op="<=",
+            defaults=_defaults(threshold=0, before_stage=""),
+            summary="requests sent before SIGTERM that were never answered (the drain "
+            "answers everything accepted)",
+            passes_when="≤ {threshold} requests sent before SIGTERM lost (connection "
+            "dropped, timeout)",
+            scenarios=("rolling_shutdown",),
+        ),
+        CheckDecl(
+            "shutdown.exit_s",
+            unit="s",
+            op="<=",
+            defaults=_defaults(threshold=30.0),
+            summary="SIGTERM → process exit, with exit code 0 (within the drain timeout)",
+            passes_when="exits with code 0 ≤ {threshold} s after SIGTERM (not SIGKILLed "
+            "at the drain timeout)",
+            scenarios=("rolling_shutdown",),
         ),
         CheckDecl(
             "accounting.balanced",

@@ -18,7 +18,14 @@ from __future__ import annotations
 from harness.catalog import CHECK_IDS
 
 # Importing the check modules attaches their functions to the declarations.
-from harness.checks import correctness, latency, network, overload, soak  # noqa: F401
+from harness.checks import (  # noqa: F401
+    correctness,
+    latency,
+    network,
+    overload,
+    resilience,
+    soak,
+)
 from harness.checks.engine import (
     RUN_COMPLETED,
     ValidityParams,
