@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 SPAN_S = 10.0
-SKIP_S = 2.0  # the first seconds of a run are connection set-up, not a baseline
+SKIP_S = 2.0
+EDGE = 0.05  # of a window's width: how far an event's edge may miss a window's edge  # the first seconds of a run are connection set-up, not a baseline
 BAND_LABELS = ("before", "during", "after")
 # Failure kinds that mean the server never answered the request (it was lost to it), as
 # opposed to an answer that was an error (a 503 is an answer).
@@ -91,11 +92,19 @@ def spans(
 
 
 def _in(t: float, width_s: float, span: Span) -> bool:
-    """A window belongs to the span its start lies in (half-open ``[start, end)``); a
-    zero-length span (a SIGTERM's instant) takes the window it falls in."""
-    if span.length_s == 0:
-        return t <= span.start_s < t + width_s
-    return span.start_s - 1e-9 <= t < span.end_s - 1e-9
+    """Whether the window ``[t, t + width_s)`` counts in ``span``. A window that overlaps
+    the event at all is *during* it (a freeze that began 1 ms into a window stalled that
+    window's requests); *before* takes only windows that end by the event's start, *after*
+    only those that start at or after its end. ``EDGE`` of a window's width forgives the
+    timeline's millisecond jitter."""
+    tol = EDGE * width_s
+    if span.label == "during":
+        if span.length_s == 0:
+            return t - tol <= span.start_s < t + width_s - tol
+        return t + width_s > span.start_s + tol and t < span.end_s - tol
+    if span.label == "before":
+        return t >= span.start_s - tol and t + width_s <= span.end_s + tol
+    return t >= span.start_s - tol and t < span.end_s - tol
 
 
 def _median(values: Sequence[float]) -> float | None:

@@ -11,6 +11,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from harness.analysis.resilience import event_bands
 from harness.report import plots
 from harness.report.common import (
     SKIP,
@@ -33,6 +34,7 @@ from harness.report.common import (
     verdict_sentence,
 )
 from harness.report.summary import SERVER_SPLIT_COLUMNS, SERVER_SPLIT_TITLE, server_split_rows
+from harness.results import records
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -206,6 +208,108 @@ def _chaos_list(sc: Mapping[str, Any]) -> str:
     return f"<h3>Chaos timeline</h3><ul>{''.join(items)}</ul>"
 
 
+def _merged_windows(sc: Mapping[str, Any]) -> tuple[dict[str, list[Any]] | None, float]:
+    """Window rows merged over classes: requests sent, ok, the worst class's p99."""
+    rows, width = records.window_rows(sc)
+    if not rows:
+        return None, width
+    by_t: dict[float, list[Any]] = {}
+    for r in rows:
+        cell = by_t.setdefault(float(r["t"]), [0, 0, None])
+        cell[0] += int(r.get("n") or 0)
+        cell[1] += int(r.get("ok") or 0)
+        p = r.get("p99_ms")
+        if isinstance(p, int | float) and int(r.get("ok") or 0) > 0:
+            cell[2] = p if cell[2] is None else max(cell[2], p)
+    ts = sorted(by_t)
+    return {
+        "t": ts,
+        "n": [by_t[t][0] for t in ts],
+        "ok": [by_t[t][1] for t in ts],
+        "p99_ms": [by_t[t][2] for t in ts],
+    }, width
+
+
+_BAND_COLUMNS = (
+    ("span (s)", None),
+    ("sent", "sent"),
+    ("ok/s", "ok_rps"),
+    ("error rate", "error_rate"),
+    ("p99 ms (median window)", "p99_ms"),
+    ("p99 ms (worst window)", "p99_max_ms"),
+    ("RSS MiB", "rss_mib"),
+    ("threads", "threads"),
+    ("non-socket fds", "fds"),
+)
+
+
+def _band_cell(key: str, value: Any) -> str:
+    if value is None:
+        return "—"
+    if key == "error_rate":
+        return f"{float(value):.2%}"
+    return fmt_num(value)
+
+
+def _chaos_bands(sc: Mapping[str, Any]) -> str:
+    """Before / during / after each chaos event (any action): the steady state around it."""
+    events = [
+        ev
+        for ev in sc.get("chaos") or []
+        if isinstance(ev.get("start_s"), int | float) and isinstance(ev.get("end_s"), int | float)
+    ]
+    if not events:
+        return ""
+    windows, width = _merged_windows(sc)
+    server = (sc.get("server") or {}).get("series") or None
+    run_end = sc.get("duration_s")
+    run_end = (
+        float(run_end)
+        if isinstance(run_end, int | float)
+        else max(float(ev["end_s"]) for ev in events)
+    )
+    order = sorted(events, key=lambda e: float(e["start_s"]))
+    head = "".join(f"<th>{esc(c)}</th>" for c, _ in _BAND_COLUMNS)
+    tables = []
+    for ev in order:
+        i = (sc.get("chaos") or []).index(ev) + 1
+        k = order.index(ev)
+        bands = event_bands(
+            float(ev["start_s"]),
+            float(ev["end_s"]),
+            run_end,
+            windows,
+            width,
+            server,
+            prev_end_s=float(order[k - 1]["end_s"]) if k > 0 else None,
+            next_start_s=float(order[k + 1]["start_s"]) if k + 1 < len(order) else None,
+        )
+        body = "".join(
+            f"<tr><th>{esc(b.label)}</th>"
+            f'<td class="num">{esc(fmt_num(b.start_s))}–{esc(fmt_num(b.end_s))}</td>'
+            + "".join(
+                f'<td class="num">{esc(_band_cell(key, getattr(b, key)))}</td>'
+                for _, key in _BAND_COLUMNS[1:]
+            )
+            + "</tr>"
+            for b in bands
+        )
+        tables.append(
+            f'<h4 id="chaos-{i}">#{i} {esc(ev.get("action"))} '
+            f"{esc(_plain(ev.get('params') or {}))}</h4>"
+            f"<table><tr><th></th>{head}</tr>{body}</table>"
+        )
+    note = (
+        "Each event's steady state: up to 10 s before it, the event itself (a kill or "
+        "terminate ends when the restarted server is ready), up to 10 s after it. Requests "
+        "count in the span they were sent in; resources are the sampler's medians."
+    )
+    return (
+        f'<h3>Before / during / after each chaos event</h3><p class="note">{esc(note)}</p>'
+        + "".join(tables)
+    )
+
+
 def _plots(sc: Mapping[str, Any], slug: str) -> str:
     figures, notes = [], []
     for key, caption, make in plots.PLOTS:
@@ -264,6 +368,7 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
         _other_measures(sc),
         _server_split(sc),
         _chaos_list(sc),
+        _chaos_bands(sc),
         _plots(sc, slug),
         "</section>",
     ]

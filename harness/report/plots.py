@@ -27,6 +27,7 @@ from harness.results import records
 DPI = 80
 _WIDE = (9.0, 3.6)
 _CHAOS_COLOURS = {"cpu_hog": "#f4a261", "pause": "#9d4edd", "kill": "#e63946"}
+_CHAOS_COLOURS["terminate"] = "#457b9d"
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,11 @@ def _rows(sc: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], float]:
 
 
 def _shade_chaos(ax: Any, sc: Mapping[str, Any]) -> None:
+    """Every chaos event (whatever its action) as a shaded band from its start to its end
+    — a kill's and a terminate's end when the restarted server is ready — numbered #i as
+    in the report's before / during / after table."""
     seen: set[str] = set()
-    for ev in sc.get("chaos") or []:
+    for i, ev in enumerate(sc.get("chaos") or []):
         start, end = ev.get("start_s"), ev.get("end_s")
         if not isinstance(start, int | float):
             continue
@@ -85,6 +89,15 @@ def _shade_chaos(ax: Any, sc: Mapping[str, Any]) -> None:
             ax.axvspan(start, end, color=colour, alpha=0.25, label=label, lw=0)
         else:
             ax.axvline(start, color=colour, lw=2, label=label)
+        ax.annotate(
+            f"#{i + 1}",
+            (start, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -10),
+            textcoords="offset points",
+            fontsize="x-small",
+            color=colour,
+        )
 
 
 def latency(sc: Mapping[str, Any]) -> Figure | Missing:
