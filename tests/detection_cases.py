@@ -439,6 +439,101 @@ CASES: tuple[DetectionCase, ...] = (
         "against 0.75, the healthy twin 1.04. On the sim model with two cores, because "
         "linearity is skipped for the default 1-core SUT",
     ),
+    # --- freeze, crash-restart, rolling shutdown (issue 12) -----------------------------
+    DetectionCase(
+        name="stall-trip",
+        defect="a stall watchdog that trips one request per batch for good",
+        scenario="freeze",
+        check="freeze.recovery_s",
+        fault="stall-trip:1",
+        pin_capacity=True,
+        why="a 3 s SIGSTOP trips the breaker; one request per batch cannot carry 0.5x of "
+        "the batching server's capacity (no-batching fails steady.throughput at 0.6x), so "
+        "p99 and 503s never return to their bands after the resume",
+    ),
+    DetectionCase(
+        name="stall-abandon",
+        defect="a stall watchdog that restarts the batch queue, orphaning what was queued",
+        scenario="freeze",
+        check="freeze.unanswered",
+        fault="stall-abandon:1",
+        pin_capacity=True,
+        why="the backlog the freeze built (up to the 128-request queue) is forgotten once the "
+        "batch that was running returns: those clients wait for their own 10 s timeout; the "
+        "healthy server answers every one (ok, or 503 on a full queue)",
+    ),
+    DetectionCase(
+        name="stall-respawn",
+        defect="a stall watchdog that starts a new worker pool, the old one never shut down",
+        scenario="freeze",
+        check="freeze.resource_step",
+        fault="stall-respawn:1",
+        pin_capacity=True,
+        why="one stall leaves one idle model-worker thread behind (--workers 1): the "
+        "healthy server's threads and non-socket fds are the same number before and after "
+        "a freeze, so a step of one is a leak, not noise",
+    ),
+    DetectionCase(
+        name="restart-slow-load",
+        defect="the model is reloaded from slow storage on every start: ready after ~16 s",
+        scenario="crash_restart",
+        check="crash.recovery_s",
+        server_args=("--warmup-delay-s", "15"),
+        pin_capacity=True,
+        timeout_s=360,
+        why="the restarted server is gone for the whole load time (15 s of warm-up delay), "
+        "past the 15 s budget from kill to baseline; the healthy twin (the same command "
+        "without the delay) is back in ~2 s",
+    ),
+    DetectionCase(
+        name="restart-cold-errors",
+        defect="ready before the model is loaded: the first 100 requests after a (re)start "
+        "answered 503",
+        scenario="crash_restart",
+        check="crash.errors_after_ready",
+        fault="cold-errors:100",
+        pin_capacity=True,
+        locust_args=("--no-verify",),
+        why="readiness wired to the process, the model loaded in the background (~0.4 s of "
+        "requests at 0.5x): 100 503s in the 5 s after ready, well over 1 %; --no-verify: "
+        "the golden fetch would meet the same 503s on the first start",
+    ),
+    DetectionCase(
+        name="restart-slow-start",
+        defect="the restart skips warm-up: the first request after it pays a 3 s lazy init",
+        scenario="crash_restart",
+        check="crash.cold_penalty",
+        fault="slow-start:3",
+        pin_capacity=True,
+        allowed={
+            "crash.errors_after_ready": "requests arriving during the 3 s init overflow the "
+            "128-request queue (503): the same missing warm-up seen as failed requests",
+        },
+        why="ready at once after the restart, the model initialised on the first request: "
+        "the first windows after ready wait ~3 s, ~20x the warm p99",
+    ),
+    DetectionCase(
+        name="no-drain",
+        defect="SIGTERM exits at once: accepted and in-flight requests dropped",
+        scenario="rolling_shutdown",
+        check="shutdown.lost",
+        fault="no-drain",
+        pin_capacity=True,
+        why="at 0.5x with ~60 ms batches a batch is in flight at any moment: its requests "
+        "(sent before the signal) lose their connections; the healthy server answers them "
+        "and refuses new ones 503 while it drains",
+    ),
+    DetectionCase(
+        name="exit-hang",
+        defect="a non-daemon thread keeps the process alive after the drain",
+        scenario="rolling_shutdown",
+        check="shutdown.exit_s",
+        fault="exit-hang",
+        pin_capacity=True,
+        why="the drain completes and uvicorn returns, but the interpreter waits for the "
+        "thread: still running at the 10 s drain timeout (quick), SIGKILLed; the healthy "
+        "server exits 0 within a second",
+    ),
 )
 
 # Checks no server defect can fail, and where they are proven instead. Every other check
