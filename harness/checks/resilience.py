@@ -14,7 +14,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from harness.analysis.resilience import (
+    EDGE,
     MISANSWERED_KINDS,
     UNANSWERED_KINDS,
     Span,
@@ -66,6 +69,14 @@ def _baseline_start(result: Mapping[str, Any], discard_s: float) -> float:
     return max(discard_s, warm)
 
 
+def _before(result: Mapping[str, Any], start: float) -> float:
+    """The end of the baseline for an event starting at ``start``: the last window that
+    ends by then (a window the event began in — even 1 ms before its end — is not
+    baseline; ``EDGE`` forgives the timeline's jitter)."""
+    _, width = d.records.window_rows(result)
+    return start - width * (1.0 - EDGE)
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
@@ -86,7 +97,8 @@ def freeze_recovery(result: Mapping[str, Any], r: Result) -> Check:
             f"no baseline before the freeze at {fmt(start)} s (baseline from {fmt(lo)} s): "
             "start the pause later"
         )
-    return _recovery(result, r, f"freeze ({fmt(end - start)} s SIGSTOP)", start, end, [(lo, start)])
+    span = [(lo, _before(result, start))]
+    return _recovery(result, r, f"freeze ({fmt(end - start)} s SIGSTOP)", start, end, span)
 
 
 @implements("freeze.unanswered")
@@ -209,7 +221,7 @@ def crash_recovery(result: Mapping[str, Any], r: Result) -> Check:
     if lo >= start:
         return r.skipped(f"no baseline before the kill at {fmt(start)} s: kill it later")
     ready = (rec.get("detail") or {}).get("time_to_ready_s")
-    check = _recovery(result, r, "SIGKILL", start, start, [(lo, start)])
+    check = _recovery(result, r, "SIGKILL", start, start, [(lo, _before(result, start))])
     # measured from the kill: the outage, the restart and the warm-up all count
     return dataclasses.replace(
         check,
@@ -287,11 +299,10 @@ def crash_cold_penalty(result: Mapping[str, Any], r: Result) -> Check:
             f"no windows in the {fmt(span_s)} s after the restart was ready: lengthen the "
             "stage after the kill"
         )
-    base = [p for t, p in zip(w.t, w.p99_ms, strict=True) if lo <= t < start and p is not None]
+    hi = _before(result, start)
+    base = [p for t, p in zip(w.t, w.p99_ms, strict=True) if lo <= t < hi and p is not None]
     if not base:
         return r.skipped(f"no baseline windows before the kill at {fmt(start)} s")
-    import numpy as np
-
     baseline = float(np.median(base))
     after = [w.p99_ms[i] for i in idx]
     # a window where nothing was answered ok is as bad as the worst answered one
