@@ -572,10 +572,20 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
+def _positive_ms(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ms") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a latency > 0 ms, e.g. 100")
+    return v
+
+
 def _add_peak_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--slo-p99-ms",
-        type=_positive_float,
+        type=_positive_ms,
         required=True,
         help="the latency SLO: p99 over all requests (failures count as over it), in ms",
     )
@@ -781,7 +791,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         help="do not run `harness acceptance --quick` on the recommended configuration",
     )
     _add_peak_options(p)
-    p.set_defaults(handler=_run_tune, tolerance=0.1, max_points=10)
+    # one point per rate, a coarser bracket and shorter points than `harness peak`: the
+    # ranking needs each configuration's peak to 10 %, not its interval
+    p.set_defaults(handler=_run_tune, tolerance=0.1, max_points=10, max_point_s=20.0)
 
 
 def _run_tune(args: argparse.Namespace) -> int:

@@ -61,6 +61,9 @@ class PeakConfig:
     max_points: int = 30
     request_timeout_s: float | None = None
     seed: int = 1
+    # tune: below this rate a configuration is out of the running (its peak is "below
+    # floor_rps", not searched further: a dominated configuration costs few points)
+    floor_rps: float | None = None
 
     def validate(self) -> PeakConfig:
         def bad(flag: str, value: Any, valid: str) -> ConfigError:
@@ -401,6 +404,7 @@ def _params(cfg: PeakConfig, start: float) -> SearchParams:
         tolerance=cfg.tolerance,
         repeats=cfg.repeats,
         max_points=cfg.max_points,
+        min_rps=cfg.floor_rps or 1.0,
     )
 
 

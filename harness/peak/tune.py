@@ -200,7 +200,9 @@ class TuneConfig:
 # --- results per configuration ----------------------------------------------------------
 
 
-def config_result(cfg: Config, points: Sequence[Point], why: str, cmd: str) -> dict[str, Any]:
+def config_result(
+    cfg: Config, points: Sequence[Point], why: str, cmd: str, floor_rps: float | None = None
+) -> dict[str, Any]:
     """What one configuration's search found (peak = the highest rate that met the SLO
     below every rate that missed it; its p99, CPU/request and RSS at that rate)."""
     from harness.peak.search import PeakSearch, SearchParams
@@ -219,6 +221,7 @@ def config_result(cfg: Config, points: Sequence[Point], why: str, cmd: str) -> d
         "upper_rps": est.high_rps,
         "limit": est.limit,
         "stopped": why,
+        "floor_rps": floor_rps,
         "p99_at_peak_ms": at.p99_ms if at else None,
         "p50_at_peak_ms": at.p50_ms if at else None,
         "cpu_ms_per_request": at.cpu_ms_per_request if at else None,
@@ -343,6 +346,7 @@ class Tuner:
         self.tc = tc
         self.out_dir = out_dir
         self.show = show
+        out_dir.mkdir(parents=True, exist_ok=True)
         self.state = State(out_dir / STATE, tc.identity())
         self.measure = measure or self._measure
         self.results: dict[str, dict[str, Any]] = {}
@@ -383,6 +387,9 @@ class Tuner:
             return done
         prior = self.state.points(k)
         pc = replace(self.tc.peak, start_rps=self.tc.peak.start_rps or hint_rps)
+        if hint_rps:
+            # a configuration below 0.3 x the best peak so far is out of the running
+            pc = replace(pc, floor_rps=0.3 * hint_rps / 0.8)
         if prior and pc.start_rps is None:
             pc = replace(pc, start_rps=prior[0].rate_rps)
         self.show(
@@ -391,7 +398,7 @@ class Tuner:
             + (f" from {pc.start_rps:.1f} req/s" if pc.start_rps else " (capacity probe first)")
         )
         points, why = self.measure(cfg, pc, prior, lambda p: self.state.add_point(k, p))
-        res = config_result(cfg, points, why, self.cmd(cfg))
+        res = config_result(cfg, points, why, self.cmd(cfg), pc.floor_rps)
         if why == "interrupted":
             raise KeyboardInterrupt
         self.state.finish(k, res)

@@ -1,0 +1,443 @@
+"""Issue 14, fast: the peak search on synthetic latency models, the tune's space, ranking,
+pruning and resume with a synthetic measurement, the guard process, and bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.peak.search import (
+    PeakSearch,
+    Point,
+    SearchParams,
+    edge_confidence,
+    knee,
+    samples_needed,
+)
+
+
+def _p99_model(rate: float, capacity: float = 400.0) -> float:
+    """An M/M/1-like p99: flat at low load, a hockey stick near capacity."""
+    rho = min(rate / capacity, 0.999)
+    return 20.0 + 10.0 * math.log(100.0) / (1.0 - rho)
+
+
+def _drive(search: PeakSearch, judge) -> PeakSearch:
+    for _ in range(100):
+        step = search.next_step()
+        if step.rate_rps is None:
+            return search
+        search.record(judge(step.rate_rps, step.longer))
+    raise AssertionError("the search did not stop")
+
+
+def _deterministic(slo: float):
+    def judge(rate: float, longer: bool) -> Point:
+        p99 = _p99_model(rate)
+        return Point(rate, "met" if p99 <= slo else "missed", p99_ms=p99, p50_ms=p99 / 3)
+
+    return judge
+
+
+def _edge(slo: float, capacity: float = 400.0) -> float:
+    # rate where _p99_model == slo
+    return capacity * (1.0 - 10.0 * math.log(100.0) / (slo - 20.0))
+
+
+def test_issue14_bracketing_then_bisection_finds_a_deterministic_edge() -> None:
+    slo = 200.0
+    truth = _edge(slo)
+    s = _drive(
+        PeakSearch(SearchParams(start_rps=50.0, tolerance=0.05, repeats=3)), _deterministic(slo)
+    )
+    est = s.estimate()
+    assert est.limit == "slo"
+    assert est.low_rps is not None and est.high_rps is not None
+    assert est.low_rps <= truth <= est.high_rps
+    assert (est.high_rps - est.low_rps) / est.low_rps <= 0.05 + 1e-9
+    assert est.confidence == pytest.approx(0.75)
+    phases = [p.rate_rps for p in s.points]
+    # bracketing went up by 1.5x from the start before the first miss
+    assert phases[:3] == pytest.approx([50.0, 75.0, 112.5])
+    # a deterministic edge: each edge rate measured `repeats` times, nothing mixed
+    assert sum(1 for p in s.points if abs(p.rate_rps - est.low_rps) < 0.01) == 3
+    assert est.mixed_rps == ()
+
+
+def test_issue14_search_goes_down_when_the_first_point_misses() -> None:
+    slo = 200.0
+    s = _drive(PeakSearch(SearchParams(start_rps=2000.0, repeats=1)), _deterministic(slo))
+    est = s.estimate()
+    assert s.points[1].rate_rps == pytest.approx(1000.0)
+    assert est.low_rps <= _edge(slo) <= est.high_rps
+    assert est.confidence == 0.0  # one point per rate: a bracket, not an interval
+
+
+def test_issue14_noisy_edge_interval_covers_the_true_edge_at_its_stated_confidence() -> None:
+    """A point meets the SLO with probability falling smoothly around the edge (400 ± 8
+    req/s): over 200 searches the interval [L, U] holds the edge at least as often as
+    its stated 75 %; its median width is about two tolerance steps."""
+    edge, hits, widths = 400.0, 0, []
+    for seed in range(200):
+        rng = random.Random(seed)
+
+        def judge(rate: float, longer: bool, rng=rng) -> Point:
+            met = rng.random() < 1.0 / (1.0 + math.exp((rate - edge) / 8.0))
+            return Point(rate, "met" if met else "missed")
+
+        est = _drive(PeakSearch(SearchParams(start_rps=100.0, repeats=3)), judge).estimate()
+        assert est.low_rps is not None and est.high_rps is not None
+        hits += est.low_rps <= edge <= est.high_rps
+        widths.append(est.high_rps / est.low_rps - 1)
+    assert hits / 200 >= edge_confidence(3)
+    widths.sort()
+    assert widths[len(widths) // 2] <= 0.1 and widths[-1] < 0.5
+
+
+def test_issue14_insufficient_point_is_measured_again_longer_then_counts_as_a_miss() -> None:
+    s = PeakSearch(SearchParams(start_rps=100.0, repeats=1))
+    s.record(Point(100.0, "met"))
+    step = s.next_step()
+    assert step.rate_rps == pytest.approx(150.0) and not step.longer
+    s.record(Point(150.0, "insufficient"))
+    step = s.next_step()
+    assert step.rate_rps == pytest.approx(150.0) and step.longer
+    s.record(Point(150.0, "insufficient"))
+    # twice insufficient: not earned — treated as a miss, so the search bisects below it
+    step = s.next_step()
+    assert step.phase == "bisect" and 100.0 < step.rate_rps < 150.0
+
+
+def test_issue14_invalid_points_are_no_information_and_the_generator_limit_stops_it() -> None:
+    s = PeakSearch(SearchParams(start_rps=100.0, repeats=3))
+    s.record(Point(100.0, "met"))
+    s.record(Point(150.0, "invalid", reasons=("dispatch lag",)))
+    assert s.next_step().rate_rps == pytest.approx(150.0)  # measured again once
+    s.record(Point(150.0, "invalid", reasons=("dispatch lag",)))
+    step = s.next_step()
+    assert step.rate_rps is None and step.stop == "generator"
+    est = s.estimate()
+    assert est.limit == "generator" and est.low_rps == 100.0 and est.high_rps is None
+
+
+def test_issue14_an_invalid_midpoint_inside_a_valid_bracket_is_sidestepped() -> None:
+    s = PeakSearch(SearchParams(start_rps=100.0, repeats=1, tolerance=0.05))
+    for p in (Point(100.0, "met"), Point(150.0, "missed")):
+        s.record(p)
+    s.record(Point(125.0, "invalid"))
+    s.record(Point(125.0, "invalid"))
+    step = s.next_step()  # 150 was valid above: the box was noisy, not the generator's limit
+    assert step.phase == "bisect" and step.rate_rps == pytest.approx((100 + 300) / 3)
+
+
+def test_issue14_none_met_down_to_the_floor() -> None:
+    s = _drive(
+        PeakSearch(SearchParams(start_rps=100.0, repeats=1, min_rps=20.0)),
+        lambda r, longer: Point(r, "missed"),
+    )
+    est = s.estimate()
+    assert est.limit == "none_met" and est.peak_rps is None
+    assert min(p.rate_rps for p in s.points) >= 20.0
+
+
+def test_issue14_resumed_search_continues_from_its_points() -> None:
+    judge = _deterministic(200.0)
+    full = _drive(PeakSearch(SearchParams(start_rps=50.0, repeats=3)), judge)
+    half = full.points[: len(full.points) // 2]
+    resumed = _drive(PeakSearch(SearchParams(start_rps=50.0, repeats=3), half), judge)
+    assert [p.rate_rps for p in resumed.points] == [p.rate_rps for p in full.points]
+    assert resumed.estimate() == full.estimate()
+
+
+def test_issue14_samples_needed_and_edge_confidence() -> None:
+    assert samples_needed(0.95) == 1182
+    assert samples_needed(0.99) == 2144
+    assert edge_confidence(3) == 0.75 and edge_confidence(1) == 0.0
+
+
+def test_issue14_knee_of_a_hockey_stick() -> None:
+    rates = [50, 100, 150, 200, 250, 300, 350, 380]
+    pts = [Point(r, "met", p99_ms=_p99_model(r)) for r in rates]
+    k = knee(pts)
+    assert k is not None and 250 <= k <= 350
+    assert knee(pts[:2]) is None
+    assert knee([Point(r, "met", p99_ms=10.0) for r in rates]) is None  # flat: no knee
+
+
+# --- tune ---------------------------------------------------------------------------------
+
+from harness.peak.runner import PeakConfig  # noqa: E402
+from harness.peak.tune import (  # noqa: E402
+    STATE,
+    Space,
+    TuneConfig,
+    Tuner,
+    command,
+    key,
+    pareto,
+    rank,
+)
+
+TEMPLATE = "srv --port {port} --mb {max_batch} --d {delay} --w {workers}"
+
+
+def _space() -> Space:
+    return Space.parse(["max_batch=1,4,8,16", "delay=1,5,20", "workers=1,2"], TEMPLATE)
+
+
+def _landscape(cfg) -> float:
+    """A unimodal synthetic peak: best at max_batch=8, delay=5, workers=2."""
+    d = dict(cfg)
+    mb = {"1": 60, "4": 200, "8": 320, "16": 280}[d["max_batch"]]
+    delay = {"1": 0.8, "5": 1.0, "20": 0.7}[d["delay"]]
+    w = {"1": 1.0, "2": 1.15}[d["workers"]]
+    return mb * delay * w
+
+
+def _fake_measure(calls: list[str], stop_after: int | None = None, planted: str | None = None):
+    def measure(cfg, pc, points, on_point):
+        if stop_after is not None and len(calls) >= stop_after:
+            raise KeyboardInterrupt
+        calls.append(key(cfg))
+        peak = 0.05 * _landscape(cfg) if key(cfg) == planted else _landscape(cfg)
+        pts = [
+            Point(peak, "met", p99_ms=50.0, cpu_ms_per_request=1000.0 / peak),
+            Point(peak * 1.05, "missed", p99_ms=150.0),
+        ]
+        for p in pts:
+            on_point(p)
+        return pts, "interval within tolerance"
+
+    return measure
+
+
+def _tc(space: Space, mode: str = "quick", default: str = "max_batch=1,delay=1,workers=1"):
+    return TuneConfig(
+        template=TEMPLATE,
+        space=space,
+        default=space.parse_config(default, "--default"),
+        peak=PeakConfig(slo_p99_ms=100.0, tolerance=0.1, repeats=1),
+        mode=mode,
+    )
+
+
+def test_issue14_space_parse_and_command() -> None:
+    sp = _space()
+    assert sp.size == 24
+    cfg = sp.parse_config("max_batch=8,delay=5,workers=2", "--default")
+    assert command(TEMPLATE, cfg, [({"max_batch": "8"}, "--fault no-batching")]) == (
+        "srv --port {port} --mb 8 --d 5 --w 2 --fault no-batching"
+    )
+    assert command(TEMPLATE, cfg, [({"max_batch": "4"}, "--fault x")]).endswith("--w 2")
+    nbs = {key(c) for c, _, _ in sp.neighbours(cfg)}
+    assert nbs == {
+        "max_batch=4,delay=5,workers=2",
+        "max_batch=16,delay=5,workers=2",
+        "max_batch=8,delay=1,workers=2",
+        "max_batch=8,delay=20,workers=2",
+        "max_batch=8,delay=5,workers=1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("specs", "template", "match"),
+    [
+        (["max_batch"], "s --port {port} {max_batch}", "expected NAME=V1,V2"),
+        (["mb=1,1"], "s --port {port} {mb}", "lists a value twice"),
+        (["mb=1,2"], "s {mb}", "no {port} placeholder"),
+        (["mb=1,2"], "s --port {port}", "not a placeholder of --sut-cmd"),
+        (["mb=1,2"], "s --port {port} {mb} {other}", "with no --space"),
+        ([], "s --port {port}", "--space is required"),
+    ],
+)
+def test_issue14_space_bad_input_names_the_fix(specs, template, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Space.parse(specs, template)
+
+
+def test_issue14_rank_ties_on_cpu_and_pareto() -> None:
+    rows = [
+        {"key": "a", "peak_rps": 300.0, "cpu_ms_per_request": 3.0, "p99_at_peak_ms": 90.0},
+        {"key": "b", "peak_rps": 290.0, "cpu_ms_per_request": 2.0, "p99_at_peak_ms": 60.0},
+        {"key": "c", "peak_rps": 200.0, "cpu_ms_per_request": 1.0, "p99_at_peak_ms": 95.0},
+        {"key": "d", "peak_rps": 0.0, "cpu_ms_per_request": None, "p99_at_peak_ms": None},
+    ]
+    # a and b tie within 10 %: the cheaper b ranks first; c is far below; d met nothing
+    assert [r["key"] for r in rank(rows, 0.1)] == ["b", "a", "c", "d"]
+    assert [r["key"] for r in rank(rows, 0.01)] == ["a", "b", "c", "d"]
+    assert set(pareto(rows)) == {"a", "b"}  # c: lower peak and higher p99 than b
+
+
+def test_issue14_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp_path) -> None:
+    sp = _space()
+    calls: list[str] = []
+    quick = Tuner(_tc(sp), tmp_path / "q", show=lambda s: None, measure=_fake_measure(calls))
+    summary = quick.run()
+    best = max(sp.all(), key=_landscape)
+    assert summary["recommended"] == key(best)
+    assert len(calls) < sp.size  # hill-climbed, not brute
+    assert len(calls) + len(summary["pruned"]) == sp.size  # every other one is named
+    assert summary["margin_over_default"] == pytest.approx(_landscape(best) / 60 * 1.0 - 1)
+    assert summary["pruned"] and all(p["reason"] for p in summary["pruned"])
+    bcalls: list[str] = []
+    brute = Tuner(
+        _tc(sp, "brute"), tmp_path / "b", show=lambda s: None, measure=_fake_measure(bcalls)
+    )
+    assert brute.run()["recommended"] == key(best)
+    assert len(bcalls) == sp.size
+
+
+def test_issue14_a_planted_regression_is_never_recommended(tmp_path) -> None:
+    """The best configuration with a planted fault (its peak falls to 5 %) is not the
+    recommendation; the next best is."""
+    sp = _space()
+    best = max(sp.all(), key=_landscape)
+    for mode in ("quick", "brute"):
+        calls: list[str] = []
+        t = Tuner(
+            _tc(sp, mode),
+            tmp_path / mode,
+            show=lambda s: None,
+            measure=_fake_measure(calls, planted=key(best)),
+        )
+        summary = t.run()
+        assert summary["recommended"] != key(best)
+
+
+def test_issue14_a_killed_tune_resumes_from_its_state_file(tmp_path) -> None:
+    sp = _space()
+    calls: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        Tuner(
+            _tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(calls, stop_after=4)
+        ).run()
+    assert (tmp_path / STATE).exists() and len(calls) == 4
+    first = list(calls)
+    more: list[str] = []
+    resumed = Tuner(_tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(more))
+    assert resumed.state.resumed
+    summary = resumed.run()
+    assert not set(more) & set(first)  # the 4 done were not measured again
+    full_calls: list[str] = []
+    full = Tuner(
+        _tc(sp), tmp_path / "full", show=lambda s: None, measure=_fake_measure(full_calls)
+    ).run()
+    assert summary["recommended"] == full["recommended"]
+    assert sorted(first + more) == sorted(full_calls)
+    # a different tune in the same directory is refused, not mixed in
+    other = TuneConfig(
+        template=TEMPLATE,
+        space=sp,
+        default=sp.parse_config("max_batch=4,delay=1,workers=1", "--default"),
+        peak=PeakConfig(slo_p99_ms=100.0),
+    )
+    with pytest.raises(ConfigError, match="holds a different tune"):
+        Tuner(other, tmp_path)
+
+
+def test_issue14_a_config_cut_mid_search_goes_on_from_its_points(tmp_path) -> None:
+    sp = _space()
+    tc = _tc(sp)
+    t = Tuner(tc, tmp_path, show=lambda s: None)
+    k = key(tc.default)
+    t.state.add_point(k, Point(80.0, "met"))
+    seen: list[list[Point]] = []
+
+    def measure(cfg, pc, points, on_point):
+        seen.append(list(points))
+        return list(points) + [Point(120.0, "missed")], "interval within tolerance"
+
+    t2 = Tuner(tc, tmp_path, show=lambda s: None, measure=measure)
+    t2.evaluate(tc.default, None)
+    assert [p.rate_rps for p in seen[0]] == [80.0]
+
+
+# --- the guard and the command line ------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_issue14_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "harness.peak.guard", str(parent.pid), str(server.pid)]
+    )
+    try:
+        time.sleep(1.0)
+        assert not _gone(server.pid)  # the parent lives: the server is left alone
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        server.wait(timeout=10)
+        assert server.returncode == -signal.SIGTERM
+        guard.wait(timeout=15)
+    finally:
+        for p in (parent, server, guard):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["peak", "--slo-p99-ms", "0"],
+        ["peak", "--slo-p99-ms", "100", "--confidence", "1.5"],
+        ["peak", "--slo-p99-ms", "100", "--repeats", "0"],
+        ["peak", "--slo-p99-ms", "100", "--sut-pid", "1"],
+        ["peak", "--slo-p99-ms", "100", "--target", "localhost:8000"],
+        ["peak", "--slo-p99-ms", "100", "--sut-cmd", "python -m reference_server"],
+        ["tune", "--sut-cmd", "x --port {port} {a}", "--space", "b=1", "--slo-p99-ms", "1"],
+        [
+            "tune",
+            "--sut-cmd",
+            "x --port {port} {a}",
+            "--space",
+            "a=1,2",
+            "--default",
+            "a=3",
+            "--slo-p99-ms",
+            "1",
+        ],
+        [
+            "tune",
+            "--sut-cmd",
+            "x --port {port} {a}",
+            "--space",
+            "a=1,2",
+            "--append-for",
+            "a=1",
+            "--slo-p99-ms",
+            "1",
+        ],
+        ["tune", "--sut-cmd", "x --port {port} {a}", "--space", "a=1,2"],
+    ],
+)
+def test_issue14_bad_input_exits_2_in_one_line_before_load(argv, tmp_path, capsys) -> None:
+    from harness.cli import main
+
+    try:
+        code = main([*argv, "--out", str(tmp_path / "o")])
+    except SystemExit as e:  # argparse's own errors (our parser: one line, exit 2)
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "error" in err
+    assert not (tmp_path / "o" / "points").exists()  # nothing was measured
