@@ -213,6 +213,20 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument passed to each locust run (repeatable), e.g. --locust-arg=--capacity-rps=400",
     )
+    p.add_argument(
+        "--capacity",
+        choices=("probe", "peak"),
+        default="probe",
+        help='what "0.6x" multiplies: probe = the 5 s closed-loop capacity probe (default); '
+        "peak = `harness peak`'s rate under --capacity-slo-p99-ms, searched first (issue 14)",
+    )
+    p.add_argument(
+        "--capacity-slo-p99-ms",
+        type=_positive_float,
+        default=500.0,
+        help="with --capacity=peak: the p99 SLO (ms) of that search (default 500, the "
+        "packaged steady_state SLO)",
+    )
 
 
 def _add_acceptance(sub: argparse._SubParsersAction) -> None:
@@ -284,7 +298,46 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         duration_s=getattr(args, "duration", None),
         extra_args=tuple(extra),
     )
-    return _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
+    plan = _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
+    if getattr(args, "capacity", "probe") == "peak":
+        plan = _with_peak_capacity(args, plan)
+    return plan
+
+
+def _with_peak_capacity(args: argparse.Namespace, plan: Any) -> Any:
+    """--capacity=peak: find the peak under the SLO first (harness.peak, into OUT/peak)
+    and pin it as every scenario's capacity (--capacity-rps), so "0.6x" is 60 % of what
+    the server sustains within the SLO rather than of the raw closed-loop probe."""
+    from dataclasses import replace
+
+    from harness.peak.runner import PeakConfig, run_peak
+
+    if any(a.startswith("--capacity-rps") for a in plan.extra_args):
+        raise ConfigError("--capacity=peak and --capacity-rps are both set; give one")
+    t = plan.target
+    doc, code = run_peak(
+        PeakConfig(slo_p99_ms=args.capacity_slo_p99_ms, repeats=1).validate(),
+        plan.out_dir / "peak",
+        sut_cmd=t.sut_cmd,
+        url=t.url,
+        sut_pid=t.sut_pid,
+        sut_cores=args.sut_cores,
+        model=t.model,
+        show=lambda text: print(text, file=sys.stderr, flush=True),
+    )
+    peak = doc["peak"].get("peak_rps")
+    if code != ExitCode.PASS or not peak:
+        from harness.peak.report import peak_sentence
+
+        raise HarnessError(
+            f"--capacity=peak found no peak: {peak_sentence(doc['peak'])} "
+            f"(see {plan.out_dir / 'peak' / 'summary.md'})"
+        )
+    print(
+        f"capacity: peak {peak:.1f} req/s under p99 <= {args.capacity_slo_p99_ms:g} ms",
+        file=sys.stderr,
+    )
+    return replace(plan, extra_args=(*plan.extra_args, "--capacity-rps", repr(float(peak))))
 
 
 def _deployment(args: argparse.Namespace) -> dict[str, Any]:
