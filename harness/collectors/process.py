@@ -201,6 +201,13 @@ class ProcessSampler:
         self._boot_prev: float = 0.0
         self._uss_next: float = 0.0
         self.has_schedstat = os.path.exists(f"/proc/{pid}/schedstat")
+        # per-thread files held open between ticks, and the TCP endpoints of the sockets
+        # seen so far: re-reading both every tick was most of the sampler's own cost
+        self._files = procfs.OpenFiles()
+        self._endpoints = procfs.SocketEndpoints()
+        # (pid, tid) → the threads.csv line after its time field for a tick in which the
+        # thread did not run (every rate 0): most of a large idle pool, every tick
+        self._idle_tails: dict[tuple[int, int], str] = {}
         self._proc_csv = self._thr_csv = None
         if out_dir is not None:
             out = Path(out_dir)
@@ -220,11 +227,10 @@ class ProcessSampler:
         if not self.include_children:
             return [self.pid] if psutil.pid_exists(self.pid) else []
         if t is None or t >= self._children_next:
-            try:
-                root = psutil.Process(self.pid)
-                self._children = [c.pid for c in root.children(recursive=True)]
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            kids = procfs.descendants(self.pid)
+            if kids is None:
                 return []
+            self._children = kids
             if t is not None:
                 self._children_next = t + self.children_every_s
         return [self.pid, *self._children]
@@ -249,6 +255,8 @@ class ProcessSampler:
         threads_now: dict[tuple[int, int], _Thread] = {}
         procs_now: dict[tuple[int, int], tuple[int, int, int]] = {}
         rows: list[ThreadRow] = []
+        # threads.csv lines, in step with rows (None: no CSV is written)
+        lines: list[str] | None = [] if self._thr_csv is not None else None
         proc_ticks = [0, 0, 0]  # Δ(utime−guest), Δstime, Δ(utime+stime)
         cs = [0, 0]
         rss = n_threads = n_fds = 0
@@ -280,7 +288,12 @@ class ProcessSampler:
                     uss += up[0]
                     pss += up[1]
             for tid in procfs.list_tids(pid):
-                n_threads += self._sample_thread(pid, tid, t, dt, emit, threads_now, rows, cs)
+                n_threads += self._sample_thread(
+                    pid, tid, t, dt, emit, threads_now, rows, lines, cs
+                )
+        self._files.sweep()
+        if len(self._idle_tails) > 2 * len(threads_now):
+            self._idle_tails = {k: v for k, v in self._idle_tails.items() if k in threads_now}
         self._threads_prev = threads_now
         self._procs_prev = procs_now
         self._t_prev = t
@@ -295,8 +308,13 @@ class ProcessSampler:
         scale = 100.0 / (HZ * dt)
         conns = None
         if self.peer_pids is not None:
-            peer_sockets = [i for p in self.peer_pids() for i in (procfs.scan_fds(p) or (0, []))[1]]
-            conns = procfs.connections_between(self.pid, sockets, peer_sockets)
+            me, own = os.getpid(), self._files.fd_names()
+            peer_sockets = [
+                i
+                for p in self.peer_pids()
+                for i in (procfs.scan_fds(p, own if p == me else ()) or (0, []))[1]
+            ]
+            conns = self._endpoints.connections_between(self.pid, sockets, peer_sockets, t)
         tick = ProcessTick(
             t=round(t, 4),
             ts=ts,
@@ -318,7 +336,7 @@ class ProcessSampler:
         self.recent.append(tick)
         self.last_threads = rows
         if self._proc_csv is not None and self._thr_csv is not None:
-            self._thr_csv.write_lines([r.csv_line() for r in rows])
+            self._thr_csv.write_lines(lines)
             self._proc_csv.write([tick.as_row()])
         return tick
 
@@ -331,12 +349,40 @@ class ProcessSampler:
         emit: bool,
         now: dict[tuple[int, int], _Thread],
         rows: list[ThreadRow],
+        lines: list[str] | None,
         cs: list[int],
     ) -> int:
         """Read one thread into ``now``; append its row when there is a baseline. 1 if alive."""
         base = f"/proc/{pid}/task/{tid}/"
-        sched = procfs.read_schedstat(base + "schedstat") if self.has_schedstat else None
+        files = self._files
+        sched = (
+            procfs.parse_schedstat(files.read(base + "schedstat")) if self.has_schedstat else None
+        )
         old = self._threads_prev.get((pid, tid))
+        if (
+            sched is not None
+            and old is not None
+            and old.run_ns == sched[0]
+            and old.wait_ns == sched[1]
+            and old.pcount == sched[2]
+            and dt
+            and dt > 0
+        ):
+            # Did not run, and waited for no CPU, since the last tick: nothing moved.
+            now[(pid, tid)] = old
+            if emit:
+                row = ThreadRow(
+                    t, pid, tid, old.starttime, old.name, 0.0, 0.0, 0.0, 0.0, 0.0,
+                    old.processor, 0.0, 0.0,
+                )  # fmt: skip
+                rows.append(row)
+                if lines is not None:
+                    tail = self._idle_tails.get((pid, tid))
+                    if tail is None:
+                        tail = self._idle_tails[(pid, tid)] = row.csv_line()[len(f"{t:.4f}") :]
+                    lines.append(f"{t:.4f}{tail}")
+            return 1
+        self._idle_tails.pop((pid, tid), None)  # it ran: its CPU number or name may change
         if (
             sched is not None
             and old is not None
@@ -348,10 +394,10 @@ class ProcessSampler:
             # idle pool). Run-queue wait is only accounted when a thread is picked.
             cur = _Thread(*old[:7], sched[1], *old[8:])
         else:
-            st = procfs.read_stat(base + "stat")
+            st = procfs.parse_stat_or_none(files.read(base + "stat"))
             if st is None:
                 return 0
-            ctx = procfs.read_ctxt(base + "status") or (0, 0)
+            ctx = procfs.parse_ctxt(files.read(base + "status")) or (0, 0)
             cur = _Thread(
                 st.starttime, st.name, st.processor, st.utime, st.stime, st.guest,
                 sched[0] if sched else None, sched[1] if sched else None,
@@ -392,9 +438,12 @@ class ProcessSampler:
                     d_nvcs / dt,
                 )  # fmt: skip
             )
+            if lines is not None:
+                lines.append(rows[-1].csv_line())
         return 1
 
     def close(self) -> None:
+        self._files.close()
         for f in (self._proc_csv, self._thr_csv):
             if f is not None:
                 f.close()

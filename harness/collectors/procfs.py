@@ -9,7 +9,9 @@ need not read ``comm`` separately (pidstat does the same).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import resource
+import time
+from collections.abc import Container, Iterable
 from typing import NamedTuple
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -50,7 +52,10 @@ def parse_stat(data: bytes) -> TaskStat:
 
 
 def read_stat(path: str) -> TaskStat | None:
-    data = _read(path)
+    return parse_stat_or_none(_read(path))
+
+
+def parse_stat_or_none(data: bytes | None) -> TaskStat | None:
     if not data:
         return None
     try:
@@ -61,7 +66,10 @@ def read_stat(path: str) -> TaskStat | None:
 
 def read_schedstat(path: str) -> tuple[int, int, int] | None:
     """(on-CPU ns, run-queue wait ns, times scheduled in); None without schedstat."""
-    data = _read(path)
+    return parse_schedstat(_read(path))
+
+
+def parse_schedstat(data: bytes | None) -> tuple[int, int, int] | None:
     if not data:
         return None
     parts = data.split()
@@ -72,7 +80,10 @@ def read_schedstat(path: str) -> tuple[int, int, int] | None:
 
 def read_ctxt(path: str) -> tuple[int, int] | None:
     """(voluntary, nonvoluntary) context switches of one task from its status file."""
-    data = _read(path)
+    return parse_ctxt(_read(path))
+
+
+def parse_ctxt(data: bytes | None) -> tuple[int, int] | None:
     if not data:
         return None
     vol = data.find(b"\nvoluntary_ctxt_switches:")
@@ -115,14 +126,17 @@ def count_fds_split(pid: int) -> tuple[int, int] | None:
     return None if scan is None else (scan[0], len(scan[1]))
 
 
-def scan_fds(pid: int) -> tuple[int, list[int]] | None:
-    """(open fds, the inode of each socket among them)."""
+def scan_fds(pid: int, skip: Container[str] = ()) -> tuple[int, list[int]] | None:
+    """(open fds, the inode of each socket among them). ``skip``: fd numbers (as text)
+    known not to be sockets, counted without a readlink (the sampler's own /proc files)."""
     total = 0
     sockets: list[int] = []
     try:
         with os.scandir(f"/proc/{pid}/fd") as it:
             for entry in it:
                 total += 1
+                if entry.name in skip:
+                    continue
                 try:
                     link = os.readlink(entry.path)
                 except OSError:
@@ -184,6 +198,158 @@ def connections_between(
     table = tcp_sockets(server_pid)
     peer_ends = {table[i][0] for i in peer_sockets if i in table}
     return sum(1 for i in server_sockets if i in table and table[i][1] in peer_ends)
+
+
+class OpenFiles:
+    """/proc files kept open and re-read with ``pread(fd, n, 0)``.
+
+    Opening ``/proc/PID/task/TID/schedstat`` walks the path and looks the task up on every
+    call; re-reading an open file regenerates it without that (the kernel's seq_file
+    rewinds at offset 0). On a 200-thread server at 1 Hz that is most of the per-thread
+    cost. An open file stays bound to its task: once the task exits, reads fail with
+    ESRCH even if the TID is reused, so a failed read is retried once through a fresh
+    open (the new task's file). ``sweep()`` closes the files not read since the previous
+    sweep (threads that exited). At most ``limit`` files are held; past it, reads fall
+    back to open/read/close.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        if limit is None:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            limit = 4096 if soft == resource.RLIM_INFINITY else max(0, soft // 2 - 64)
+        self.limit = limit
+        self._fds: dict[str, int] = {}
+        self._used: set[str] = set()
+        self.opens = 0  # files opened so far (held or not): what the pread saves
+
+    def read(self, path: str) -> bytes | None:
+        self._used.add(path)
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                data = os.pread(fd, 65536, 0)
+            except OSError:
+                data = b""
+            if data:
+                return data
+            self._close(path)  # the task behind this fd exited: try the path afresh
+        self.opens += 1
+        if len(self._fds) >= self.limit:
+            return _read(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return None
+        try:
+            data = os.pread(fd, 65536, 0)
+        except OSError:
+            os.close(fd)
+            return None
+        self._fds[path] = fd
+        return data or None
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def sweep(self) -> None:
+        for path in [p for p in self._fds if p not in self._used]:
+            self._close(path)
+        self._used = set()
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def fd_names(self) -> set[str]:
+        """The held fds as /proc/self/fd names them."""
+        return {str(fd) for fd in self._fds.values()}
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)
+
+
+class SocketEndpoints:
+    """The endpoints of the server's TCP connections and of the harness's own sockets,
+    without reading the kernel's table every tick.
+
+    ``/proc/PID/net/tcp{,6}`` is made by walking the whole socket hash (~5 ms a read on a
+    loaded box: most of the sampler's cost when read every tick), and a connected
+    socket's endpoints never change. So the table is read only when the *server* holds a
+    socket not seen before (a new connection, accepted: its client's socket existed
+    before it, so that read finds both ends), or every ``refresh_s`` seconds (a safety
+    net: nothing known goes stale between, so it can be rare); between
+    reads every endpoint of the last read is remembered. A new socket of the harness's
+    alone (its connections to anything else: an agent's HTTP, a metrics scrape) needs no
+    read: a connection to the server shows up as a new server socket.
+    """
+
+    def __init__(self, refresh_s: float = 60.0) -> None:
+        self.refresh_s = refresh_s
+        self._table: dict[int, tuple[str, str]] = {}
+        self._seen: set[int] = set()  # server sockets looked up (in the table or not)
+        self._refresh_at = 0.0
+        self.reads = 0
+
+    def connections_between(
+        self, pid: int, server_sockets: Iterable[int], peer_sockets: Iterable[int], t: float
+    ) -> int:
+        """``connections_between`` through the remembered endpoints."""
+        server = list(server_sockets)
+        if t >= self._refresh_at or any(i not in self._seen for i in server):
+            self._table = tcp_sockets(pid)
+            self.reads += 1
+            self._refresh_at = t + self.refresh_s
+        self._seen = set(server)
+        table = self._table
+        peer_ends = {table[i][0] for i in peer_sockets if i in table}
+        return sum(1 for i in server if i in table and table[i][1] in peer_ends)
+
+
+_PARENTS: tuple[float, dict[int, list[int]]] = (-1e18, {})
+
+
+def children_map(max_age_s: float = 0.5) -> dict[int, list[int]]:
+    """ppid → pids of every process on the host, from one pass over /proc/*/stat.
+
+    A pass reads every process's stat (~4 ms on a box with 80 processes); the samplers
+    ask for several trees (the SUT's, the generator's, the SUT's again to exclude it) at
+    each rescan, so a pass younger than ``max_age_s`` is shared between them.
+    """
+    global _PARENTS
+    now = time.monotonic()
+    taken, table = _PARENTS
+    if now - taken <= max_age_s:
+        return table
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        data = _read(f"/proc/{name}/stat")
+        if not data:
+            continue
+        try:
+            ppid = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+        except (ValueError, IndexError):
+            continue
+        table.setdefault(ppid, []).append(int(name))
+    _PARENTS = (now, table)
+    return table
+
+
+def descendants(pid: int, max_age_s: float = 0.5) -> list[int] | None:
+    """Every descendant of ``pid`` (children first); None when ``pid`` does not exist."""
+    if not os.path.exists(f"/proc/{pid}/stat"):
+        return None
+    table = children_map(max_age_s)
+    out: list[int] = []
+    todo = list(table.get(pid, ()))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo.extend(table.get(child, ()))
+    return out
 
 
 def list_tids(pid: int) -> list[int]:

@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from harness.collectors import procfs
 from harness.collectors.loop import CsvStream
 
@@ -43,10 +41,8 @@ def system_columns(cores: Iterable[int]) -> list[str]:
 
 
 def _tree(pid: int) -> list[int]:
-    try:
-        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return []
+    kids = procfs.descendants(pid)
+    return [] if kids is None else [pid, *kids]
 
 
 # The process name CPU hogs give themselves: they are children of the load generator

@@ -1,0 +1,212 @@
+"""The sampler's own cost on a large idle pool: what it stopped doing each tick, and that
+the shortcuts record exactly what the long way did.
+
+The cost itself (CPU per tick, % of a core) is a benchmark figure (bench/collectors.py,
+bench/agent_cost.py); these tests pin the behaviour that makes it cheap: per-thread /proc
+files are opened once and re-read, the TCP table is read only when a socket it has not
+seen turns up, and an idle thread's row is the row the full read would have given.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.collectors import procfs
+from harness.collectors.process import THREAD_COLUMNS, ProcessSampler
+
+# N threads blocked on an Event, one spinning, one that exits when told (stdin line).
+POOL = textwrap.dedent(
+    """
+    import sys, threading
+    stop = threading.Event()
+    for _ in range(int(sys.argv[1])):
+        threading.Thread(target=stop.wait, daemon=True).start()
+    def spin():
+        while not stop.is_set():
+            pass
+    threading.Thread(target=spin, daemon=True).start()
+    quit_one = threading.Event()
+    t = threading.Thread(target=quit_one.wait)
+    t.start()
+    print(t.native_id, flush=True)
+    sys.stdin.readline()
+    quit_one.set()
+    t.join()
+    print("joined", flush=True)
+    stop.wait()
+    """
+)
+
+
+def _tick(sampler: ProcessSampler, t0: float):
+    """One tick 0.1 s after the last, on the real clock (rates need real time)."""
+    time.sleep(0.1)
+    return sampler.sample(time.monotonic() - t0, time.time())
+
+
+@pytest.fixture
+def pool():
+    p = subprocess.Popen(
+        [sys.executable, "-c", POOL, "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        tid = int(p.stdout.readline())
+        yield p, tid
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_issue13_sampler_rereads_open_thread_files_instead_of_reopening(pool, tmp_path) -> None:
+    p, _ = pool
+    sampler = ProcessSampler(p.pid, tmp_path)
+    t0 = time.monotonic()
+    try:
+        sampler.baseline(0.0)
+        _tick(sampler, t0)
+        opened = sampler._files.opens
+        held = len(sampler._files)
+        assert held >= 62  # one schedstat per thread at least
+        for _ in range(4):
+            tick = _tick(sampler, t0)
+            assert tick is not None and tick.threads >= 63
+        # the spinning thread's stat/status are opened once, then re-read like the rest
+        assert sampler._files.opens == opened
+        assert len(sampler._files) == held
+    finally:
+        sampler.close()
+    assert len(sampler._files) == 0
+
+
+def test_issue13_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> None:
+    p, tid = pool
+    sampler = ProcessSampler(p.pid, tmp_path)
+    t0 = time.monotonic()
+    try:
+        sampler.baseline(0.0)
+        _tick(sampler, t0)
+        path = f"/proc/{p.pid}/task/{tid}/schedstat"
+        assert path in sampler._files._fds
+        before = _tick(sampler, t0)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "joined"
+        _gone(f"/proc/{p.pid}/task/{tid}")
+        after = _tick(sampler, t0)
+        assert before is not None and after is not None
+        assert after.threads == before.threads - 1
+        assert path not in sampler._files._fds
+        assert tid not in {r.tid for r in sampler.last_threads}
+    finally:
+        sampler.close()
+
+
+def test_issue13_open_file_of_an_exited_task_reads_none_not_stale_data(pool) -> None:
+    p, tid = pool
+    files = procfs.OpenFiles()
+    path = f"/proc/{p.pid}/task/{tid}/stat"
+    first = files.read(path)
+    assert first is not None and first.startswith(f"{tid} (".encode())
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "joined"
+    _gone(f"/proc/{p.pid}/task/{tid}")
+    assert files.read(path) is None  # ESRCH on the held fd, then no such path
+    files.sweep()
+    files.sweep()
+    assert len(files) == 0
+
+
+def test_issue13_idle_thread_rows_match_the_full_read(pool, tmp_path) -> None:
+    """threads.csv written with the idle shortcut equals every row formatted in full."""
+    p, _ = pool
+    sampler = ProcessSampler(p.pid, tmp_path)
+    t0 = time.monotonic()
+    try:
+        sampler.baseline(0.0)
+        for _ in range(4):
+            tick = _tick(sampler, t0)
+        expected = [r.csv_line() for r in sampler.last_threads]
+    finally:
+        sampler.close()
+    with open(tmp_path / "threads.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == THREAD_COLUMNS
+    last = [r for r in rows[1:] if float(r[0]) == round(tick.t, 4)]
+    assert [",".join(r) + "\n" for r in last] == expected
+    busy = [r for r in sampler.last_threads if r.cpu_pct > 50]
+    idle = [r for r in sampler.last_threads if r.cpu_pct == 0 and r.cswch_s == 0]
+    assert len(busy) >= 1 and len(idle) >= 55
+
+
+def test_issue13_tcp_table_is_read_only_when_a_new_socket_turns_up(tmp_path: Path) -> None:
+    """The harness-own connection count stays right while the table is read only on change."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    clients, accepted = [], []
+    try:
+        for _ in range(3):
+            c = socket.create_connection(("127.0.0.1", port))
+            clients.append(c)
+            accepted.append(srv.accept()[0])
+        ends = procfs.SocketEndpoints(refresh_s=60.0)
+        server_inodes = _inodes(accepted)
+        peer_inodes = _inodes(clients)
+        assert ends.connections_between(_self(), server_inodes, peer_inodes, 0.0) == 3
+        assert ends.reads == 1
+        for k in range(1, 4):
+            assert ends.connections_between(_self(), server_inodes, peer_inodes, float(k)) == 3
+        assert ends.reads == 1  # nothing new: the table was not read again
+        c = socket.create_connection(("127.0.0.1", port))
+        clients.append(c)
+        accepted.append(srv.accept()[0])
+        assert (
+            ends.connections_between(_self(), _inodes(accepted), _inodes(clients), 5.0)
+            == procfs.connections_between(_self(), _inodes(accepted), _inodes(clients))
+            == 4
+        )
+        assert ends.reads == 2
+        clients.pop().close()
+        accepted.pop().close()
+        assert ends.connections_between(_self(), _inodes(accepted), _inodes(clients), 6.0) == 3
+        assert ends.reads == 2  # a socket gone needs no read
+        other = socket.create_connection(("127.0.0.1", port))  # the harness's, not to the SUT
+        try:
+            peers = [*_inodes(clients), *_inodes([other])]
+            assert ends.connections_between(_self(), _inodes(accepted), peers, 7.0) == 3
+            assert ends.reads == 2  # a new socket of the harness alone needs no read
+        finally:
+            other.close()
+            srv.accept()[0].close()
+        assert ends.connections_between(_self(), [], [], 70.0) == 0
+        assert ends.reads == 3  # the periodic refresh
+    finally:
+        for s in [*clients, *accepted, srv]:
+            s.close()
+
+
+def _gone(path: str) -> None:
+    """Wait until the kernel has reaped a thread (join() returns while it is still exiting)."""
+    deadline = time.monotonic() + 5.0
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not os.path.exists(path)
+
+
+def _self() -> int:
+    return os.getpid()
+
+
+def _inodes(socks: list[socket.socket]) -> list[int]:
+    return [os.fstat(s.fileno()).st_ino for s in socks]
