@@ -428,7 +428,7 @@ CATALOG = Catalog(
             "crash.recovery_s",
             unit="s",
             op="<=",
-            defaults=_defaults(**{**RECOVERY_DEFAULTS, "threshold": 15.0}),
+            defaults=RECOVERY_DEFAULTS,
             summary="time from SIGKILL until the restarted server serves at baseline p99 "
             "and error rate again (outage + restart + warm-up)",
             passes_when="p99 and error rate back within their baseline bands ≤ {threshold} s "

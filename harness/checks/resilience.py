@@ -59,6 +59,10 @@ def _applied(rec: Mapping[str, Any] | None, r: Result, action: str) -> Check | N
     return None
 
 
+# Requests sent this long before an event may still be in flight when it strikes (the
+# healthy p99 at 0.5x is ~100 ms): their windows are not baseline.
+IN_FLIGHT_S = 0.5
+
 _SCENARIO = {"pause": "freeze", "kill": "crash_restart", "terminate": "rolling_shutdown"}
 
 
@@ -71,10 +75,11 @@ def _baseline_start(result: Mapping[str, Any], discard_s: float) -> float:
 
 def _before(result: Mapping[str, Any], start: float) -> float:
     """The end of the baseline for an event starting at ``start``: the last window that
-    ends by then (a window the event began in — even 1 ms before its end — is not
-    baseline; ``EDGE`` forgives the timeline's jitter)."""
+    ends ``IN_FLIGHT_S`` before it (a window the event began in — even 1 ms before its
+    end — is not baseline, nor one whose requests were still in flight when it struck: a
+    kill cuts them off; ``EDGE`` forgives the timeline's jitter)."""
     _, width = d.records.window_rows(result)
-    return start - width * (1.0 - EDGE)
+    return start - IN_FLIGHT_S - width * (1.0 - EDGE)
 
 
 def _pct(x: float | None) -> str:
