@@ -90,6 +90,22 @@ def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
             "it times a cold start, and the harness did not start the server (--target): "
             "there is no cold start to measure — use --sut-cmd so the harness starts it"
         )
+    restarts = [
+        e.action
+        for e in scenario.chaos
+        if e.action in ("kill", "terminate") and e.params.get("restart", True)
+    ]
+    if restarts and not facts.sut_cmd:
+        return (
+            f"its {restarts[0]} event restarts the server, which needs a server the harness "
+            "starts (--sut-cmd): an attached one is not the harness's to restart"
+        )
+    signalled = [e.action for e in scenario.chaos if e.action in ("pause", "kill", "terminate")]
+    if signalled and not facts.sut_cmd and facts.sut_pid is None:
+        return (
+            f"its {signalled[0]} event signals the server's process, and no process was "
+            "given: pass --sut-pid (or --sut-cmd)"
+        )
     lin = scenario.linearity
     if lin is not None and lin.vary == "threads":
         if not facts.sut_cmd:
