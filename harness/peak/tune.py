@@ -386,7 +386,8 @@ class Tuner:
             self.results[k] = done
             return done
         prior = self.state.points(k)
-        pc = replace(self.tc.peak, start_rps=self.tc.peak.start_rps or hint_rps)
+        # bracketing starts near the best peak so far (--start-rps / the probe: the first)
+        pc = replace(self.tc.peak, start_rps=hint_rps or self.tc.peak.start_rps)
         if hint_rps:
             # a configuration below 0.3 x the best peak so far is out of the running
             pc = replace(pc, floor_rps=0.3 * hint_rps / 0.8)

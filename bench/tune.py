@@ -1,0 +1,118 @@
+"""How long does `harness tune` take over a 3 x 3 x 2 space in quick mode, does it avoid a
+planted regression, and is its ranking stable?
+
+The reference server's batching and threading: max batch 1/8/32 x max delay 1/5/20 ms x
+workers 1/2, default = the server's own (32, 5 ms, 1), SLO p99 <= 100 ms over all
+requests. One configuration gets ``--fault no-batching`` appended (a planted
+regression); it must never be recommended. With --runs 2 the two tunes' top-3 are compared.
+
+    flock /tmp/harness-cpu.lock nice -n 19 python bench/tune.py --out /tmp/tune-bench
+    flock /tmp/harness-cpu.lock nice -n 19 python bench/tune.py --runs 2 --out /tmp/tune-bench
+
+Prints the wall time per tune (the issue's budget: <= 20 min on 2 cores), the ranking's
+top 3, the planted configuration's rank and the recommendation; writes DIR/bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PLANTED = "max_batch=32,delay=1,workers=1"
+
+
+def tune_argv(out: Path, slo: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "harness",
+        "tune",
+        "--sut-cmd",
+        f"{sys.executable} -m reference_server --port {{port}} --max-batch-size {{max_batch}} "
+        "--max-delay-ms {delay} --workers {workers}",
+        "--space",
+        "max_batch=1,8,32",
+        "--space",
+        "delay=1,5,20",
+        "--space",
+        "workers=1,2",
+        "--default",
+        "max_batch=32,delay=5,workers=1",
+        "--append-for",
+        f"{PLANTED}:--fault no-batching",
+        "--slo-p99-ms",
+        str(slo),
+        "--no-checklist",
+        "--out",
+        str(out),
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--slo-p99-ms", type=float, default=100.0)
+    ap.add_argument("--out", default="harness-results/tune-bench")
+    ap.add_argument("--from", dest="from_dir", default=None, help="re-render runs made earlier")
+    a = ap.parse_args()
+    out = Path(a.from_dir or a.out)
+    runs = []
+    for i in range(1, a.runs + 1):
+        d = out / f"run{i}"
+        started = time.monotonic()
+        if a.from_dir is None:
+            proc = subprocess.run(tune_argv(d, a.slo_p99_ms), capture_output=True, text=True)
+            (out / f"run{i}.log").write_text(proc.stderr)
+            print(proc.stdout.strip() or proc.stderr[-800:])
+        wall = round(time.monotonic() - started, 1)
+        tune = json.loads((d / "results.json").read_text())["tune"]
+        keys = [r["key"] for r in tune["ranked"]]
+        runs.append(
+            {
+                "run": i,
+                "wall_s": wall if a.from_dir is None else tune["elapsed_s"],
+                "measured": tune["measured"],
+                "pruned": len(tune["pruned"]),
+                "top3": keys[:3],
+                "peaks": {r["key"]: r["peak_rps"] for r in tune["ranked"]},
+                "recommended": tune["recommended"],
+                "default_peak": next(
+                    (r["peak_rps"] for r in tune["ranked"] if r["key"] == tune["default"]), None
+                ),
+                "margin_over_default": tune["margin_over_default"],
+                "planted_rank": keys.index(PLANTED) + 1 if PLANTED in keys else None,
+            }
+        )
+    print()
+    for r in runs:
+        top = ", ".join(f"{k} ({r['peaks'][k]:.0f})" for k in r["top3"])
+        margin = r["margin_over_default"]
+        print(
+            f"tune {r['run']}: {r['wall_s'] / 60:.1f} min; {r['measured']} of 18 measured, "
+            f"{r['pruned']} pruned; recommended {r['recommended']} "
+            f"({'n/a' if margin is None else f'{margin:+.0%}'} over the default, "
+            f"{_f(r['default_peak'])} req/s); planted {PLANTED} rank "
+            f"{r['planted_rank'] or 'not measured'}; top 3: {top}"
+        )
+    planted_ok = all(r["recommended"] != PLANTED for r in runs)
+    in_time = all(r["wall_s"] <= 20 * 60 for r in runs)
+    stable = len(runs) < 2 or all(set(r["top3"]) == set(runs[0]["top3"]) for r in runs)
+    print(
+        f"planted regression never recommended: {'yes' if planted_ok else 'NO'}; every tune "
+        f"<= 20 min: {'yes' if in_time else 'NO'}"
+        + (f"; same top 3: {'yes' if stable else 'NO'}" if len(runs) > 1 else "")
+    )
+    (out / "bench.json").write_text(json.dumps(runs, indent=1))
+    return 0 if planted_ok and in_time and stable else 1
+
+
+def _f(v) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

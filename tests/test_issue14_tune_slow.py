@@ -1,0 +1,88 @@
+"""Issue 14, slow: a tiny `harness tune` end to end against the real reference server.
+
+2 x 2 space (max batch 2/16 x workers 1/2) of the simulated model (its batches sleep
+15 ms + 0.3 ms a row, so the peaks differ by configuration and not by how busy the CI box
+is), short points (confidence 0.5: 142 requests a point), a planted regression (
+``--fault no-batching`` appended to max_batch=16, workers=2): the tune must not
+recommend it, must rank a batching configuration first, write its reports, and a second
+invocation with the same arguments must resume from the state file without measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PLANTED = "max_batch=16,workers=2"
+
+
+def _tune(out: Path) -> subprocess.CompletedProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "harness",
+        "tune",
+        "--sut-cmd",
+        f"{sys.executable} -m reference_server --model sim --port {{port}} "
+        "--max-batch-size {max_batch} --workers {workers}",
+        "--space",
+        "max_batch=2,16",
+        "--space",
+        "workers=1,2",
+        "--append-for",
+        f"{PLANTED}:--fault no-batching",
+        "--slo-p99-ms",
+        "100",
+        "--confidence",
+        "0.5",
+        "--warmup-s",
+        "1",
+        "--min-point-s",
+        "1.5",
+        "--tolerance",
+        "0.5",
+        "--max-points",
+        "3",
+        "--start-rps",
+        "200",
+        "--no-checklist",
+        "--out",
+        str(out),
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+def test_issue14_tiny_tune_end_to_end_never_recommends_the_planted_regression(tmp_path) -> None:
+    out = tmp_path / "tune"
+    proc = _tune(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    tune = doc["tune"]
+    ranked = {r["key"]: r for r in tune["ranked"]}
+    assert tune["recommended"] != PLANTED
+    # batching wins on the simulated model: a batch of 16 costs 19.8 ms, one of 2 15.6 ms
+    assert tune["recommended"].startswith("max_batch=16")
+    if PLANTED in ranked:
+        assert ranked[PLANTED]["peak_rps"] < ranked[tune["recommended"]]["peak_rps"]
+    assert tune["margin_over_default"] is not None and tune["margin_over_default"] > 0
+    for r in tune["ranked"]:
+        assert r["n_points"] >= 1 and r["cmd"].count("{port}") == 1
+    summary = (out / "summary.md").read_text()
+    assert "Recommended: " in summary and "Objective:" in summary
+    assert "<img" in (out / "report.html").read_text()
+    state = json.loads((out / "tune_state.json").read_text())
+    assert all(e["done"] for e in state["configs"].values())
+    # the same tune again resumes from its state file: nothing measured, same answer
+    again = _tune(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming" in again.stderr and "point " not in again.stderr
+    assert (
+        json.loads((out / "results.json").read_text())["tune"]["recommended"]
+        == (tune["recommended"])
+    )
