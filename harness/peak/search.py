@@ -23,8 +23,9 @@ requests and the error rate within their limits, with enough samples), ``missed`
 ``invalid`` (the harness's validity rules refused the run: generator saturated,
 dispatch lag, sampler gaps — a limit of the load generator, not of the server). The
 search treats an insufficient point as not earned (measured again once at double
-length, then a miss), and an invalid one as no information (measured again once, then
-the search stops with the generator as the limit).
+length, then a miss), and an invalid one as no information (measured up to
+``INVALID_TRIES`` times; a bisection midpoint that stays invalid is sidestepped when a
+higher rate was valid, otherwise the search stops with the generator as the limit).
 
 Everything here is a function of the points measured so far, so a search is resumed by
 feeding it the points a killed run had already recorded.
@@ -38,6 +39,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Outcome = Literal["met", "missed", "insufficient", "invalid"]
+# tries at one rate before an invalid point stops the search there: a shared box makes a
+# transient dispatch-lag invalidity common at low SLOs (10 % of a 100 ms SLO is 10 ms)
+INVALID_TRIES = 3
 Phase = Literal["bracket", "bisect", "edge", "done"]
 
 
@@ -209,14 +213,14 @@ class PeakSearch:
                 return Step(
                     self._phase(v), last.rate_rps, "too few samples: again, twice as long", True
                 )
-            if last.outcome == "invalid" and v.invalid_count(last.rate_rps) == 1:
-                return Step(self._phase(v), last.rate_rps, "invalid point: measured again once")
+            if last.outcome == "invalid" and v.invalid_count(last.rate_rps) < INVALID_TRIES:
+                return Step(self._phase(v), last.rate_rps, "invalid point: measured again")
         step = self._decide(v)
-        if step.rate_rps is not None and v.invalid_count(step.rate_rps) >= 2:
+        if step.rate_rps is not None and v.invalid_count(step.rate_rps) >= INVALID_TRIES:
             return Step(
                 "done",
                 None,
-                f"{step.rate_rps:.1f} req/s was invalid twice (the load generator, not the "
+                f"{step.rate_rps:.1f} req/s was invalid {INVALID_TRIES} times (the load generator, not the "
                 "server, was the limit there)",
                 stop="generator",
             )
@@ -224,7 +228,7 @@ class PeakSearch:
 
     def _decide(self, v: Verdicts) -> Step:
         p = self.params
-        ok = lambda r: v.invalid_count(r) < 2  # noqa: E731 (a rate still measurable)
+        ok = lambda r: v.invalid_count(r) < INVALID_TRIES  # noqa: E731 (still measurable)
         lo, hi = self._bracket(v)
         if not v.by_rate:
             return Step("bracket", p.start_rps, "first point")
@@ -246,7 +250,7 @@ class PeakSearch:
             return Step("bracket", nxt, "missed the SLO: lower the rate")
         if (hi - lo) / lo > p.tolerance:
             # the midpoint, or a third of the way either side when the midpoint could not
-            # be measured (invalid twice: a noisy box, not a limit — higher rates were valid)
+            # be measured (invalid every try: a noisy box, not a limit — higher rates were valid)
             for mid in ((lo + hi) / 2.0, (lo + 2 * hi) / 3.0, (2 * lo + hi) / 3.0):
                 if ok(mid):
                     return Step("bisect", mid, f"bisect [{lo:.1f}, {hi:.1f}]")
