@@ -31,7 +31,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,6 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from harness.chaos.base import Action
 from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
+from harness.collectors.child import sample_command, start_sample, stop_sample
 from harness.errors import ConfigError, HarnessError
 
 API = "/v1"
@@ -185,7 +185,7 @@ class Agent:
         with self._lock:
             samplers = list(self.samplers.values())
         for s in samplers:
-            _stop_proc(s.proc)
+            stop_sample(s.proc)
 
     def shutdown(self, reason: str = "exit") -> None:
         self._stop.set()
@@ -272,24 +272,10 @@ class Agent:
         sid = f"s{next(self._ids)}"
         out = self.root / sid
         out.mkdir(parents=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "harness",
-            "sample",
-            "--pid",
-            str(pid),
-            "--out",
-            str(out),
-            "--interval",
-            str(self.config.sample_interval_s),
-        ]
-        if metrics_url:
-            cmd += ["--metrics-url", metrics_url]
-        with open(out / "sampler.log", "wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        cmd = sample_command(
+            pid, out, interval_s=self.config.sample_interval_s, metrics_url=metrics_url
+        )
+        proc = start_sample(cmd, out)
         with self._lock:
             self.samplers[sid] = _Sampler(sid, out, proc)
         return {"id": sid, "pid": proc.pid}
@@ -303,7 +289,7 @@ class Agent:
 
     def stop_sampler(self, sid: str) -> dict[str, Any]:
         s = self._sampler(sid)
-        code = _stop_proc(s.proc)
+        code = stop_sample(s.proc)
         return {"id": sid, "returncode": code}
 
     def files(self, sid: str) -> dict[str, int]:
@@ -347,24 +333,10 @@ class Agent:
 
     def remove_sampler(self, sid: str) -> None:
         s = self._sampler(sid)
-        _stop_proc(s.proc)
+        stop_sample(s.proc)
         with self._lock:
             self.samplers.pop(sid, None)
         shutil.rmtree(s.dir, ignore_errors=True)
-
-
-def _stop_proc(proc: subprocess.Popen) -> int | None:
-    """SIGTERM by pid (the sampler closes its files), SIGKILL if it lingers."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(5)
-    return proc.returncode
 
 
 # -- HTTP -------------------------------------------------------------------------------

@@ -5,12 +5,9 @@ Everything here runs on the master (or local runner) before or after the load.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,53 +122,27 @@ def start_sampler(
     pid: int, out: Path, metrics_url: str, pid_file: Path | None = None
 ) -> subprocess.Popen:
     """``harness sample`` as a subprocess: the sampler never shares our gevent loop."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness",
-        "sample",
-        "--pid",
-        str(pid),
-        "--out",
-        str(out),
-        "--interval",
-        "1",
-        "--metrics-url",
-        metrics_url,
-        "--loadgen-pid",
-        str(os.getpid()),
-    ]
-    if pid_file is not None:
-        cmd += ["--pid-file", str(pid_file)]
+    from harness.collectors.child import sample_command, start_sample
+
+    cmd = sample_command(
+        pid, out, metrics_url=metrics_url, loadgen_pids=[os.getpid()], pid_file=pid_file
+    )
     env = None
     ca_cert = http.current().ca_cert
     if ca_cert is not None:
         # the scraper's urllib trusts what OpenSSL's default paths name: an https://
         # metrics URL signed by the --ca-cert CA verifies like the load's requests do
         env = {**os.environ, "SSL_CERT_FILE": os.path.abspath(ca_cert)}
-    log_file = open(out / "sampler.log", "wb")  # noqa: SIM115 (the child holds it)
-    try:
-        return subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
-    finally:
-        log_file.close()
+    return start_sample(cmd, out, env)
 
 
 def stop_sampler(proc: subprocess.Popen | None, out: Path) -> dict[str, Any] | None:
     """Stop ``harness sample`` by pid (SIGTERM, then SIGKILL) and read what it wrote."""
     if proc is None:
         return None
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+    from harness.collectors.child import stop_sample
+
+    stop_sample(proc)
     from harness.collectors import read_samples
 
     try:
