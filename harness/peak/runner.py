@@ -378,8 +378,9 @@ def search(
             index = len(s.points) + 1
             p = run_point(cfg, target, out_dir / "points", index, rate, longer, _quiet, interrupt)
             if start is None:
-                if p.capacity_rps:
-                    start = p.capacity_rps * 0.5
+                if p.capacity_rps or p.rate_rps > 0:
+                    # half the probe (or of a capacity pinned with --capacity-rps)
+                    start = p.capacity_rps * 0.5 if p.capacity_rps else p.rate_rps
                     s = PeakSearch(_params(cfg, start), s.points)
                 elif p.outcome != "invalid" or index >= 2:
                     raise TargetUnavailable(
