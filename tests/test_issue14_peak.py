@@ -445,3 +445,80 @@ def test_issue14_bad_input_exits_2_in_one_line_before_load(argv, tmp_path, capsy
     assert code == 2
     assert len(err.splitlines()) == 1 and "error" in err
     assert not (tmp_path / "o" / "points").exists()  # nothing was measured
+
+
+# --- one point: its scenario and its classification -------------------------------------
+
+
+def test_issue14_point_scenario_is_a_warmup_then_a_judged_open_loop_stage(tmp_path) -> None:
+    from harness.load.scenario import load_scenario
+    from harness.peak.runner import point_scenario
+
+    cfg = PeakConfig(slo_p99_ms=80.0, confidence=0.99, max_error_rate=0.02, warmup_s=2.0)
+    path = tmp_path / "p.toml"
+    path.write_text(point_scenario(cfg, 150.0, cfg.point_seconds(150.0)))
+    sc = load_scenario(str(path), "quick")
+    assert [s.name for s in sc.stages] == ["warmup", "point"]
+    assert sc.stages[1].duration_s == pytest.approx(2144 / 150.0, abs=0.01)
+    assert sc.stages[0].rate.value == sc.stages[1].rate.value == 150.0
+    assert sc.load.mode == "open" and sc.load.arrival == "poisson"
+    checks = dict(sc.checks)
+    assert checks["steady.p99_ms"] == {"stage": "point", "threshold": 80, "confidence": 0.99}
+    assert checks["steady.error_rate"]["threshold"] == 0.02
+    path.write_text(point_scenario(cfg, None, 5.0))
+    assert load_scenario(str(path), "quick").stages[1].rate.relative  # "0.5x": it calibrates
+    assert cfg.point_seconds(10.0) == cfg.max_point_s  # a slow rate is capped
+    assert cfg.point_seconds(10000.0) == cfg.min_point_s
+    assert cfg.point_seconds(150.0, longer=True) == pytest.approx(2 * 2144 / 150.0, abs=0.01)
+
+
+def _sc(checks, validity=(), **extra):
+    from harness.results import hdr
+
+    h = hdr.new_histogram()
+    for v in range(1, 1001):
+        h.record_value(v * 50)  # 0.05 .. 50 ms
+    return {
+        "name": "peak_point",
+        "stages": [{"name": "point", "start_s": 3.0, "end_s": 13.0, "rate_rps": 100.0}],
+        "by_stage": {
+            "point": {
+                "default": {
+                    "counters": {
+                        "scheduled": 1000,
+                        "ok": 1000,
+                        "dropped": 0,
+                        "in_flight": 0,
+                        "failed": {},
+                    },
+                    "latency_hdr": hdr.encode(h),
+                }
+            }
+        },
+        "checks": [
+            {"id": i, "passed": p, "skipped": s, "detail": f"{i} detail"} for i, p, s in checks
+        ],
+        "validity": list(validity),
+        **extra,
+    }
+
+
+def test_issue14_classify_reads_the_runs_own_judgement() -> None:
+    from harness.peak.runner import classify
+
+    cfg = PeakConfig(slo_p99_ms=40.0)
+    ok = [("steady.p99_ms", True, None), ("steady.error_rate", True, None)]
+    p = classify(_sc(ok), cfg)
+    assert p.outcome == "met" and p.rate_rps == 100.0 and p.n == 1000
+    assert p.achieved_rps == pytest.approx(100.0)
+    assert p.goodput_rps == pytest.approx(80.0, abs=0.5)  # 800 of 1000 within 40 ms
+    assert p.p99_ms == pytest.approx(49.5, abs=0.2)
+    miss = [("steady.p99_ms", False, None), ("steady.error_rate", True, None)]
+    assert classify(_sc(miss), cfg).outcome == "missed"
+    short = [("steady.p99_ms", None, "insufficient samples"), ("steady.error_rate", True, None)]
+    q = classify(_sc(short), cfg)
+    assert q.outcome == "insufficient" and "insufficient samples" in q.reasons
+    bad = classify(_sc(ok, validity=["dispatch lag p99 30 ms > 10 ms"]), cfg)
+    assert bad.outcome == "invalid" and "dispatch lag" in bad.reasons[0]
+    died = classify(_sc(ok, sut_exit={"cause": "exit 1"}), cfg)
+    assert died.outcome == "missed"  # a server that died did not sustain the rate
