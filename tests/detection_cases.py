@@ -532,7 +532,7 @@ CASES: tuple[DetectionCase, ...] = (
         fault="exit-hang",
         pin_capacity=True,
         why="the drain completes and uvicorn returns, but the interpreter waits for the "
-        "thread: still running at the 10 s drain timeout (quick), SIGKILLed; the healthy "
+        "thread: still running at the 5 s drain timeout (quick), SIGKILLed; the healthy "
         "server exits 0 within a second",
     ),
 )
