@@ -35,6 +35,9 @@ CHECKLIST: tuple[str, ...] = (
     "mixed_priority",
     "integrity",
     "contention",
+    "freeze",
+    "crash_restart",
+    "rolling_shutdown",
     "linearity",
     "soak",
 )

@@ -176,7 +176,14 @@ def test_issue9_acceptance_leaves_out_what_the_target_cannot_support(tmp_path) -
         out_dir=tmp_path,
         target=Target(url="http://127.0.0.1:9"),
     )
-    assert set(dict(preflight(attached))) == {"cold_start", "linearity"}
+    # freeze, crash_restart, rolling_shutdown signal (and restart) the server's process
+    assert set(dict(preflight(attached))) == {
+        "cold_start",
+        "linearity",
+        "freeze",
+        "crash_restart",
+        "rolling_shutdown",
+    }
 
 
 def test_issue9_a_configuration_error_found_late_keeps_what_was_measured(
