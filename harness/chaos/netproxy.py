@@ -102,6 +102,8 @@ class Link:
         self.server: asyncio.StreamWriter | None = None
         self.closed = False
         self.timers: list[asyncio.TimerHandle] = []
+        # toxic id → when the last piece it let through is due (a stream keeps its order)
+        self.last_due: dict[str, float] = {}
 
     def close(self, reset: bool = False) -> None:
         if self.closed:
@@ -172,32 +174,52 @@ class Proxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
+        # Chunks are stamped when they arrive and written when due, so a delay shifts each
+        # chunk from its own arrival (as Toxiproxy's latency toxic does), not from the end
+        # of the previous chunk's wait: a response in two chunks is late once, not twice.
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[bytes, float] | None] = asyncio.Queue(maxsize=64)
+
+        async def read() -> None:
+            try:
+                while not link.closed:
+                    data = await reader.read(CHUNK)
+                    if not data:
+                        break
+                    self.stats[f"bytes_{stream}"] += len(data)
+                    await queue.put((data, loop.time()))
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                await queue.put(None)
+
+        reading = asyncio.ensure_future(read())
         try:
             while not link.closed:
-                data = await reader.read(CHUNK)
-                if not data:
+                item = await queue.get()
+                if item is None:
                     break
-                self.stats[f"bytes_{stream}"] += len(data)
-                pieces = await self.through_toxics(link, stream, data)
-                if link.closed:
-                    break
-                for piece, wait_s in pieces:
+                pieces = await self.through_toxics(link, stream, *item)
+                for piece, due in pieces:
+                    wait_s = due - loop.time()
                     if wait_s > 0:
                         await asyncio.sleep(wait_s)
                     if link.closed:
                         return
                     writer.write(piece)
                     await writer.drain()
-        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+        except (ConnectionError, OSError):
             pass
         finally:
             link.close()
+            reading.cancel()
 
     async def through_toxics(
-        self, link: Link, stream: str, data: bytes
+        self, link: Link, stream: str, data: bytes, arrival: float
     ) -> list[tuple[bytes, float]]:
-        """The chunk as it should go out: (piece, wait before it) pairs; [] = dropped."""
-        pieces: list[tuple[bytes, float]] = [(data, 0.0)]
+        """The chunk as it should go out: (piece, when due on the loop's clock) pairs;
+        [] = dropped."""
+        pieces: list[tuple[bytes, float]] = [(data, arrival)]
         for tx in [t for t in self.toxics.values() if t.stream == stream]:
             tx.c["chunks_seen"] += 1
             if not tx.affects(link.id):
@@ -222,7 +244,7 @@ class Proxy:
                 tx.c["resets"] += 1
                 link.close(reset=True)
                 return []
-            pieces = self._shape(tx, pieces)
+            pieces = self._shape(tx, link, pieces)
         return pieces
 
     def _timeout(self, tx: Toxic, link: Link) -> None:
@@ -230,34 +252,44 @@ class Proxy:
             tx.c["timeout_closes"] += 1
             link.close()
 
-    def _shape(self, tx: Toxic, pieces: list[tuple[bytes, float]]) -> list[tuple[bytes, float]]:
+    def _shape(
+        self, tx: Toxic, link: Link, pieces: list[tuple[bytes, float]]
+    ) -> list[tuple[bytes, float]]:
+        """Give each piece its new due time. ``delay_s`` counts only the time a piece
+        is later than it would have been (than its own due time and the previous piece's),
+        so it is the delay the stream's reader sees, not a sum of overlapping waits."""
         out: list[tuple[bytes, float]] = []
         p = tx.p
-        for data, wait in pieces:
+        last = link.last_due.get(tx.id, 0.0)
+        for data, due in pieces:
+            start = max(due, last)
             if tx.kind == "latency":
                 jitter = p.get("jitter_ms", 0.0)
                 ms = max(0.0, p.get("latency_ms", 0.0) + self.rng.uniform(-jitter, jitter))
-                tx.c["delay_s"] += ms / 1000.0
-                out.append((data, wait + ms / 1000.0))
+                new = max(due + ms / 1000.0, last)
+                out.append((data, new))
             elif tx.kind == "bandwidth":
-                step = max(1, int(p.get("rate_kbps", 1.0) * 1024 * BANDWIDTH_SLICE_S))
+                rate = p.get("rate_kbps", 1.0) * 1024
+                step = max(1, int(rate * BANDWIDTH_SLICE_S))
+                new = start
                 for i in range(0, len(data), step):
                     piece = data[i : i + step]
-                    delay = len(piece) / (p.get("rate_kbps", 1.0) * 1024)
-                    tx.c["delay_s"] += delay
-                    out.append((piece, (wait if i == 0 else 0.0) + delay))
+                    new += len(piece) / rate
+                    out.append((piece, new))
             else:  # slicer
                 avg = max(1, int(p.get("average_size", 64)))
                 var = int(p.get("size_variation", 0))
                 gap = p.get("delay_us", 0.0) / 1e6
-                i = 0
+                i, new = 0, start
                 while i < len(data):
                     n = max(1, avg + (self.rng.randint(-var, var) if var else 0))
-                    first = i == 0
-                    if not first:
-                        tx.c["delay_s"] += gap
-                    out.append((data[i : i + n], wait if first else gap))
+                    if i:
+                        new += gap
+                    out.append((data[i : i + n], new))
                     i += n
+            tx.c["delay_s"] += max(0.0, new - start)
+            last = new
+        link.last_due[tx.id] = last
         return out
 
     # -- control ----------------------------------------------------------------------
