@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +89,9 @@ class Terminate(Action):
         self.restart = restart
         self.ready_timeout_s = ready_timeout_s
         self._clock = clock
+        # revert() may come from another thread (the run ending) while apply() still
+        # waits for the exit: it waits for apply to finish before it restarts anything.
+        self._apply_done = threading.Event()
 
     @classmethod
     def for_target(cls, target: ChaosTarget, params: dict[str, Any]) -> Terminate:
@@ -115,6 +119,12 @@ class Terminate(Action):
         return proc_state(self.detail["old_pid"]) in GONE, None
 
     def _apply(self) -> None:
+        try:
+            self._signal_and_wait()
+        finally:
+            self._apply_done.set()
+
+    def _signal_and_wait(self) -> None:
         old = self.target.pid
         self.detail["old_pid"] = old
         state = proc_state(old)
@@ -142,9 +152,10 @@ class Terminate(Action):
                 if self.detail["unready_s"] is None and ready_url:
                     self.detail["unready_s"] = round(now - t0, 4)
                 break
-            if now >= deadline:
+            if now >= deadline or self._reverted:  # the drain timeout, or the run ended
                 self.detail["exit_s"] = None
                 self.detail["exit_code"] = None
+                self.detail["cut_short"] = now < deadline
                 break
             if ready_url and self.detail["unready_s"] is None and now >= next_probe:
                 if not _ready(ready_url, timeout_s=0.5):
@@ -152,7 +163,8 @@ class Terminate(Action):
                 next_probe = self._clock() + 0.05
             time.sleep(POLL_S)
         self.detail["killed"] = False
-        if self.detail["exit_s"] is None:  # past the drain timeout: what the orchestrator does
+        if self.detail["exit_s"] is None and not self.detail.get("cut_short"):
+            # past the drain timeout: what an orchestrator does
             self.detail["killed"] = True
             kill = getattr(self.target, "kill", None)
             if kill is not None:
@@ -163,8 +175,9 @@ class Terminate(Action):
         self.detail["gone"] = proc_state(old) in GONE
 
     def _revert(self) -> None:
-        if not self.restart or not self.detail.get("found"):
-            return
+        self._apply_done.wait(self.drain_timeout_s + 15.0)
+        if not self.restart or not self.detail.get("found") or self.detail.get("cut_short"):
+            return  # cut short: the run is ending, and the harness stops the server
         restart = self.target.restart  # type: ignore[attr-defined]
         restart()
         self.detail["new_pid"] = self.target.pid

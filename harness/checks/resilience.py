@@ -406,6 +406,12 @@ def shutdown_exit(result: Mapping[str, Any], r: Result) -> Check:
     exit_s = _num(det.get("exit_s"))
     code = det.get("exit_code")
     drain = _num(params.get("drain_timeout_s"))
+    if exit_s is None and det.get("cut_short"):
+        return r.skipped(
+            f"the run ended before the server exited and before the {fmt(drain)} s drain "
+            "timeout: its exit was not observed — lengthen the stage after the SIGTERM beyond "
+            "drain_timeout_s"
+        )
     if exit_s is None:
         return r.judged(
             None,
