@@ -535,6 +535,32 @@ CASES: tuple[DetectionCase, ...] = (
         "thread: still running at the 5 s drain timeout (quick), SIGKILLed; the healthy "
         "server exits 0 within a second",
     ),
+    # --- network faults through the fault proxy (issue 12) -----------------------------
+    DetectionCase(
+        name="reset-leak",
+        defect="a socket leaked per client connection reset (cleanup on a clean close only)",
+        scenario="network",
+        check="network.leaks",
+        fault="reset-leak",
+        why="the resets phase resets every connection when its answer comes (~320 resets "
+        "at 80 req/s for 4 s, quick): the server's per-connection dup()ed socket is closed "
+        "on a FIN only, so each reset leaves one open — measured +328 sockets net of the "
+        "harness's connections for 328 resets; the healthy twin +0 (its sockets return "
+        "with the client's pool)",
+    ),
+    DetectionCase(
+        name="io-lock",
+        defect="one process-wide lock held across reading the request body",
+        scenario="network",
+        check="network.latency_amplification",
+        fault="io-lock",
+        why="the slow-uplink phase trickles every ~2 KiB request in 256-byte slices 8 ms "
+        "apart: the headers reach the server ~55 ms before the last body byte, and a "
+        "server that takes its decoder's lock before reading the body holds it for that "
+        "wait, so at 80 req/s the requests queue behind one another's uplinks (4 s of "
+        "lock per second of load) instead of each paying its own ~60 ms; the healthy twin "
+        "adds 1.07x the injected delay",
+    ),
 )
 
 # Checks no server defect can fail, and where they are proven instead. Every other check
