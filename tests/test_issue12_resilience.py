@@ -428,3 +428,38 @@ def test_issue12_report_has_a_band_table_per_chaos_event() -> None:
     html = _chaos_bands(sc)
     assert html.count("<table>") == 2 and "#1 pause" in html and "#2 network" in html
     assert json.dumps(sc)  # the table reads the document only
+
+
+SLOW_DRAIN = textwrap.dedent(
+    """
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))
+    time.sleep(60)
+    """
+)
+
+
+def test_issue12_terminate_cut_short_by_the_run_ending_neither_kills_nor_restarts(
+    tmp_path: Path,
+) -> None:
+    """The run ends (revert from another thread) while the server still drains: the
+    watch stops, nothing is SIGKILLed or restarted, and shutdown.exit_s skips."""
+    import threading
+
+    sut = _sut(tmp_path, SLOW_DRAIN)
+    try:
+        t = Terminate(sut, 0.0, drain_timeout_s=30.0, restart=True)
+        t.can_restart = True
+        worker = threading.Thread(target=t.apply)
+        worker.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        t.revert()
+        worker.join(5)
+        assert time.monotonic() - t0 < 1.5  # not the 30 s drain timeout, nor the 2 s drain
+        assert t.detail["cut_short"] is True and t.detail["killed"] is False
+        assert "new_pid" not in t.detail and sut.alive()
+        sc = _scenario(27, chaos=_terminate(exit_s=None, exit_code=None, cut_short=True))
+        assert _run("shutdown.exit_s", sc).skipped
+    finally:
+        sut.stop()
