@@ -316,6 +316,13 @@ def test_issue12_amplification_passes_the_injected_delay_and_fails_a_stall() -> 
     c = _judge(latency_amplification, "network.latency_amplification", stalled)
     assert c.passed is False and c.value == pytest.approx(270 / 40, rel=0.01)
     assert "lock" in c.detail
+    # every request of the fault timed out: no answer is slower than any answer
+    dead = _windows({}, 30)
+    for row in dead["rows"][10:20]:
+        row.update(ok=0, p50_ms=None, p99_ms=None, errors={"timeout": 80})
+    c = _judge(latency_amplification, "network.latency_amplification",
+               {"chaos": [ev], "windows": dead})  # fmt: skip
+    assert c.passed is False and c.value == float("inf")
     # no delaying toxic: nothing was measured, not a pass
     only_resets = {"chaos": [_event("reset_peer", 10, 20, resets=5)], "windows": healthy["windows"]}
     c = _judge(latency_amplification, "network.latency_amplification", only_resets)

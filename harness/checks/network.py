@@ -46,14 +46,22 @@ def _counters(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     return (rec.get("detail") or {}).get("counters") or {}
 
 
-def _median_p50(w: d.Windows, lo: float, hi: float) -> tuple[float | None, int, int]:
-    """Median of the windows' p50 in [lo, hi), the windows with an answer, requests sent."""
+def _median_p50(
+    w: d.Windows, lo: float, hi: float, unanswered: float | None = None
+) -> tuple[float | None, int, int]:
+    """Median of the windows' p50 in [lo, hi), the windows counted, requests sent.
+
+    A window whose requests were sent but none answered counts as ``unanswered`` (+inf
+    during a fault: a request that never came back is slower than any answer); None
+    leaves it out (the clean baseline)."""
     vals, sent = [], 0
     for t, n, p50 in zip(w.t, w.n, w.p50_ms, strict=True):
         if lo <= t and t + w.width_s <= hi:
             sent += n
             if p50 is not None:
                 vals.append(p50)
+            elif n > 0 and unanswered is not None:
+                vals.append(unanswered)
     return (float(np.median(vals)) if vals else None), len(vals), sent
 
 
@@ -87,7 +95,7 @@ def latency_amplification(result: Mapping[str, Any], r: Result) -> Check:
         name = f"{_toxic(e)} {(e.get('params') or {}).get('stream')} ({fmt(start)}–{fmt(end)} s)"
         lo, hi = _clean_before(events, i, float(p["discard_s"]), float(p["settle_s"]))
         base, base_n, _ = _median_p50(w, lo, hi)
-        during, dur_n, sent = _median_p50(w, start + float(p["discard_s"]), end)
+        during, dur_n, sent = _median_p50(w, start + float(p["discard_s"]), end, math.inf)
         delay_s = _counters(e).get("delay_s")
         span = end - start - float(p["discard_s"])
         if base is None or base_n < int(p["min_windows"]) or dur_n < int(p["min_windows"]):
@@ -112,12 +120,12 @@ def latency_amplification(result: Mapping[str, Any], r: Result) -> Check:
             )
             continue
         added = during - base
-        ratio = added / injected_ms
+        ratio = added / injected_ms if math.isfinite(added) else math.inf
         judged += 1
         parts.append(
             f"{name}: median p50 {fmt(during)} ms vs {fmt(base)} ms before = "
             f"{added:+.3g} ms for {fmt(injected_ms)} ms injected per request "
-            f"({fmt(ratio)}x)"
+            f"({fmt(ratio)}x{'; windows with no answer count as never answered' if math.isinf(during) else ''})"
         )
         if worst is None or ratio > worst[0]:
             worst = (ratio, name)
@@ -134,7 +142,8 @@ def latency_amplification(result: Mapping[str, Any], r: Result) -> Check:
             "holds something every request needs (a lock, a worker, a connection slot) "
             "across its I/O; read the body before taking shared resources"
         )
-    return r.judged(round(worst[0], 3), ok, detail, n=judged)
+    value = round(worst[0], 3) if math.isfinite(worst[0]) else math.inf
+    return r.judged(value, ok, detail, n=judged)
 
 
 def _server_span(
