@@ -42,6 +42,17 @@ CHECKLIST: tuple[str, ...] = (
     "soak",
 )
 
+# Scenarios only `--full` runs. `network` adds 85 s of load (~95 s wall) to a quick
+# checklist CI runs whole; its quick-mode proof is the detection matrix (reset-leak,
+# io-lock and their healthy twins) and tests/test_issue12_network*.py.
+FULL_ONLY: tuple[str, ...] = ("network",)
+
+
+def checklist(mode: str) -> tuple[str, ...]:
+    """The scenarios ``harness acceptance`` runs in ``mode``: CHECKLIST, + FULL_ONLY in full."""
+    return CHECKLIST + FULL_ONLY if mode == "full" else CHECKLIST
+
+
 # How long Locust gets to write its partial results after SIGTERM before SIGKILL.
 _STOP_GRACE_S = 30.0
 

@@ -424,16 +424,16 @@ def _execute(plan: Any) -> int:
 
 
 def _run_acceptance(args: argparse.Namespace) -> int:
-    from harness.acceptance import CHECKLIST
+    from harness.acceptance import CHECKLIST, FULL_ONLY, checklist
 
-    names = CHECKLIST
+    names = checklist(args.mode)
     if args.scenarios:
         names = tuple(n.strip() for n in args.scenarios.split(",") if n.strip())
-        unknown = [n for n in names if n not in CHECKLIST]
+        unknown = [n for n in names if n not in CHECKLIST + FULL_ONLY]
         if unknown:
             raise ConfigError(
                 f"--scenarios has {', '.join(unknown)!s}, not in the checklist. "
-                f"Valid: {', '.join(CHECKLIST)} (use `harness run FILE` for your own)"
+                f"Valid: {', '.join(CHECKLIST + FULL_ONLY)} (use `harness run FILE` for your own)"
             )
     return _execute(_plan(args, names, "harness-results/acceptance"))
 
