@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.acceptance import FULL_ONLY
 from harness.errors import ConfigError
 from harness.load.scenario import (
     CHECK_IDS,
@@ -28,6 +29,7 @@ EIGHT = (
     "integrity",
     "linearity",
     "mixed_priority",
+    "network",
     "soak",
     "spike",
     "steady_state",
@@ -42,6 +44,7 @@ QUICK_BUDGET_S = {
     "contention": 95,
     "linearity": 95,
     "integrity": 35,
+    "network": 90,  # --full only (harness.acceptance.FULL_ONLY)
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
@@ -61,6 +64,7 @@ EXPECTED_CHECKS = {
     },
     "linearity": {"linearity.efficiency"},
     "integrity": {"integrity.mismatches"},
+    "network": {"network.latency_amplification", "network.leaks"},
 }
 
 
@@ -120,6 +124,8 @@ def test_quick_variant_is_short_and_full_is_longer(name: str) -> None:
 def test_quick_checklist_fits_ten_minutes_with_calibration() -> None:
     total = 0.0
     for name in EIGHT:
+        if name in FULL_ONLY:  # not in the quick checklist
+            continue
         s = load_scenario(name, "quick").with_cores(2)
         total += s.duration_s + (s.load.calibration_s if s.load.calibrate else 0.0)
     assert total <= 540, f"{total:.0f} s of load leaves no room for startup in 10 min"
