@@ -66,6 +66,21 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
     return base + " — one point per rate (no repeats): a bracket, not a confidence interval."
 
 
+def fit_sentence(peak: Mapping[str, Any]) -> str:
+    f = peak.get("edge_fit")
+    if not f:
+        return "Logistic edge fit: not enough mixed outcomes to fit."
+    lo, hi = f["ci_rps"]
+    ci = f"[{_n(lo)}, {_n(hi)}]" if lo is not None and hi is not None else "(open-ended)"
+    return (
+        f"Logistic edge fit over all {f['n']} judged points: a point meets the SLO half the "
+        f"time at {f['edge_rps']:.1f} req/s, {f['confidence']:.0%} interval {ci}; 95 % of "
+        f"the time at {f['sustained_rps']:.1f} req/s (scale {f['scale_rps']:.1f} req/s: how "
+        "gradually the outcomes turn from met to missed — wide on a noisy box or when the "
+        "SLO sits on the latency plateau)."
+    )
+
+
 def curve_figure(peak: Mapping[str, Any]) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -177,6 +192,8 @@ def peak_markdown(doc: Mapping[str, Any]) -> str:
         "request: a failed, timed-out or dropped one is over the SLO. A point *met* the SLO "
         "when that p99 and the error rate held with enough samples; *invalid* points (the "
         "load generator, not the server, was the limit) are left out of the curve.",
+        "",
+        fit_sentence(peak),
         "",
         f"Knee of the p99 curve: {_n(peak.get('knee_rps'))} req/s. Capacity probe "
         f"(closed loop, no SLO): {_n(peak.get('calibration_rps'))} req/s. "

@@ -38,6 +38,7 @@ from harness.peak.search import (
     Point,
     SearchParams,
     edge_confidence,
+    fit_edge,
     knee,
     samples_needed,
 )
@@ -449,6 +450,7 @@ def summarize(
         "peak_rps": est.peak_rps,
         "interval_rps": [est.low_rps, est.high_rps],
         "knee_rps": knee(s.points),
+        "edge_fit": (lambda f: f.as_dict() if f else None)(fit_edge(s.points)),
         "calibration_rps": calibration,
         "stopped": why,
         "points": [p.as_dict() for p in s.points],

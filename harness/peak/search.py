@@ -387,3 +387,94 @@ def samples_needed(confidence: float, design_over: float = 0.005, q: float = 0.9
             return n
         n = need
     return n
+
+
+@dataclass(frozen=True)
+class EdgeFit:
+    """The edge fitted to every judged outcome: P(met | rate x) = 1 / (1 + e^((x − edge)/scale)).
+
+    ``edge_rps`` is the rate at which a point meets the SLO half the time, ``ci_rps`` its
+    profile-likelihood interval at ``confidence`` (the edges whose likelihood ratio to
+    the best fit stays within the χ²₁ quantile), ``sustained_rps`` the rate met 95 % of
+    the time (edge − scale·ln 19). Uses every point, not only the two edge rates, so on a
+    noisy server (outcomes mixed over a wide band) it says where the middle of the band
+    is and how sure that is, where [L, U] can only say how wide the band is."""
+
+    edge_rps: float
+    ci_rps: tuple[float | None, float | None]
+    scale_rps: float
+    sustained_rps: float
+    confidence: float
+    n: int
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ci_rps"] = list(self.ci_rps)
+        return d
+
+
+def fit_edge(points: Sequence[Point], confidence: float = 0.95) -> EdgeFit | None:
+    """Maximum-likelihood logistic fit of met/missed against the rate (insufficient twice
+    counts as missed, invalid points are left out); None without both outcomes."""
+    import numpy as np
+    from scipy.optimize import minimize_scalar
+    from scipy.stats import chi2
+
+    v = Verdicts.of(points)
+    xs: list[float] = []
+    ys: list[float] = []
+    for r in v.by_rate:
+        for o in v.judged(r):
+            xs.append(float(r))
+            ys.append(1.0 if o == "met" else 0.0)
+    if len(xs) < 3 or not (0 < sum(ys) < len(ys)):
+        return None
+    x, y = np.asarray(xs), np.asarray(ys)
+    span = float(x.max() - x.min()) or float(x.max())
+    s_min = max(1e-3 * float(x.mean()), 1e-6)
+
+    def nll(e: float, s: float) -> float:
+        z = np.clip((x - e) / s, -50, 50)
+        p = 1.0 / (1.0 + np.exp(z))
+        p = np.clip(p, 1e-12, 1 - 1e-12)
+        return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).sum())
+
+    def profile(e: float) -> tuple[float, float]:
+        """min over the scale (log-spaced bounded search) at this edge."""
+        res = minimize_scalar(
+            lambda ls: nll(e, math.exp(ls)),
+            bounds=(math.log(s_min), math.log(2 * span + s_min)),
+            method="bounded",
+        )
+        return float(res.fun), math.exp(float(res.x))
+
+    lo_x, hi_x = float(x.min()) - 0.5 * span, float(x.max()) + 0.5 * span
+    grid = np.linspace(lo_x, hi_x, 241)
+    prof = [profile(float(e)) for e in grid]
+    i = int(np.argmin([p[0] for p in prof]))
+    # refine around the grid minimum
+    step = (hi_x - lo_x) / 240
+    fine = np.linspace(grid[i] - step, grid[i] + step, 41)
+    fprof = [profile(float(e)) for e in fine]
+    j = int(np.argmin([p[0] for p in fprof]))
+    best_e, (best_nll, best_s) = float(fine[j]), fprof[j]
+    limit = best_nll + chi2.ppf(confidence, 1) / 2.0
+    inside = [float(e) for e, p in zip(grid, prof, strict=True) if p[0] <= limit]
+    ci_lo = min(inside) if inside else None
+    ci_hi = max(inside) if inside else None
+    # an interval reaching the grid's end is open on that side
+    if ci_lo is not None and ci_lo <= lo_x:
+        ci_lo = None
+    if ci_hi is not None and ci_hi >= hi_x:
+        ci_hi = None
+    return EdgeFit(
+        edge_rps=round(best_e, 2),
+        ci_rps=(
+            None if ci_lo is None else round(ci_lo, 2),
+            None if ci_hi is None else round(ci_hi, 2),
+        ),
+        scale_rps=round(best_s, 3),
+        sustained_rps=round(best_e - best_s * math.log(19.0), 2),
+        confidence=confidence,
+        n=len(xs),
+    )
