@@ -56,20 +56,23 @@ def main() -> int:
                 "points": len(peak["points"]),
                 "probe": peak.get("calibration_rps"),
                 "knee": peak.get("knee_rps"),
+                "fit": peak.get("edge_fit"),
                 "elapsed_s": peak.get("elapsed_s") or round(time.monotonic() - started, 1),
             }
         )
     print()
     print(
-        "| run | peak req/s | interval [L, U] | width | conf. | knee | probe req/s | points | s |"
+        "| run | peak req/s | interval [L, U] | width | conf. | logistic edge [95 % CI] | knee "
+        "| probe req/s | points | s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         width = (r["high"] - r["low"]) / r["peak"] if r["peak"] and r["high"] else None
         print(
             f"| {r['run']} | {_f(r['peak'])} | [{_f(r['low'])}, {_f(r['high'])}] | "
             f"{'n/a' if width is None else f'{width:.1%}'} | {r['confidence']:.0%} | "
-            f"{_f(r['knee'])} | {_f(r['probe'])} | {r['points']} | {r['elapsed_s']} |"
+            f"{_fit(r['fit'])} | {_f(r['knee'])} | {_f(r['probe'])} | {r['points']} | "
+            f"{r['elapsed_s']} |"
         )
     ok = [r for r in rows if r["peak"] and r["high"]]
     agree = len(ok) == len(rows) and all(s["low"] <= r["peak"] <= s["high"] for r in ok for s in ok)
@@ -83,6 +86,17 @@ def main() -> int:
         f"{_pct(widest)} of its peak vs the capacity probe's spread {_pct(probe_spread)} here "
         f"and {hist:.0%} before (519–679 req/s)"
     )
+    fits = [r["fit"] for r in rows if r["fit"] and None not in r["fit"]["ci_rps"]]
+    fit_agree = len(fits) == len(rows) and all(
+        g["ci_rps"][0] <= f["edge_rps"] <= g["ci_rps"][1] for f in fits for g in fits
+    )
+    fit_widest = max(
+        ((f["ci_rps"][1] - f["ci_rps"][0]) / f["edge_rps"] for f in fits), default=None
+    )
+    print(
+        f"logistic edges inside every run's 95 % interval: {'yes' if fit_agree else 'NO'}; "
+        f"widest {_pct(fit_widest)} of its edge"
+    )
     (out / "bench.json").write_text(
         json.dumps({"rows": rows, "agree": agree, "probe_spread": probe_spread}, indent=1)
     )
@@ -91,6 +105,13 @@ def main() -> int:
 
 def _f(v) -> str:
     return "n/a" if v is None else f"{v:.1f}"
+
+
+def _fit(f) -> str:
+    if not f:
+        return "n/a"
+    lo, hi = f["ci_rps"]
+    return f"{f['edge_rps']:.1f} [{_f(lo)}, {_f(hi)}]"
 
 
 def _pct(v) -> str:
