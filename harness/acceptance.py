@@ -445,7 +445,7 @@ def preflight(plan: Plan) -> list[tuple[str, str]]:
     """(name, reason) of each planned scenario this target cannot support, found before
     any load starts (harness.load.preflight)."""
     from harness.checks import load_checklist
-    from harness.load.preflight import TargetFacts, check_transport, exclusions
+    from harness.load.preflight import TargetFacts, agent_facts, check_transport, exclusions
     from harness.load.scenario import load_scenario
 
     check_transport(plan.target.url, plan.target.client())  # https: verifies, or exit 2
@@ -457,11 +457,13 @@ def preflight(plan: Plan) -> list[tuple[str, str]]:
             cores = args[i + 1]
         elif a.startswith("--sut-cores="):
             cores = a.split("=", 1)[1]
+    t = plan.target
+    remote = agent_facts(t.agent_url, t.agent_token, t.sut_pid)
     facts = TargetFacts(
         sut_cmd=plan.target.sut_cmd,
         attached=plan.target.url is not None,
-        sut_pid=plan.target.sut_pid,
         sut_cores=cores,
+        **remote,
     )
     checklist = load_checklist(plan.checklist) if plan.checklist is not None else None
     loaded = [(Path(n).stem, load_scenario(n, mode=plan.mode)) for n in plan.scenarios]

@@ -266,10 +266,10 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
 
     if args.target is None and args.sut_pid is not None:
         raise ConfigError("--sut-pid needs --target URL (the server's address)")
-    if args.agent is not None and (args.target is None or args.sut_pid is None):
+    if args.agent is not None and args.target is None:
         raise ConfigError(
-            "--agent needs --target URL (the server's address) and --sut-pid PID (its pid on "
-            "the agent's host)"
+            "--agent needs --target URL (the server's address; its pid on the agent's host "
+            "is --sut-pid, or none when the agent started it with --sut-cmd)"
         )
     sut_cmd = args.sut_cmd
     if sut_cmd is None and args.target is None:
@@ -587,6 +587,16 @@ def _add_agent(sub: argparse._SubParsersAction) -> None:
         "applied action and stops its samplers (default 10)",
     )
     p.add_argument("--dir", default=None, help="where sampler files go (default: a temp dir)")
+    p.add_argument(
+        "--sut-cmd",
+        default=None,
+        help="start the server under test here and own it: the master needs no --sut-pid, "
+        "kill chaos may restart it (on this host), and it is stopped when the agent exits. "
+        "{port} is filled from --sut-port; bind it where the load can reach it",
+    )
+    p.add_argument(
+        "--sut-port", type=int, default=None, help="{port} of --sut-cmd (default: a free port)"
+    )
     p.set_defaults(handler=_run_agent)
 
 
@@ -602,7 +612,13 @@ def _run_agent(args: argparse.Namespace) -> int:
         port=args.port,
         lease_s=args.lease,
         root=args.dir,
+        sut_cmd=args.sut_cmd,
+        sut_port=args.sut_port,
     ).validate()
+    if args.sut_cmd:
+        from harness.load.preflight import check_sut_cmd
+
+        check_sut_cmd(args.sut_cmd)
 
     def ready(url: str) -> None:
         print(

@@ -315,7 +315,7 @@ def test_issue13_agent_samples_copied_back(agent, server_proc, tmp_path) -> None
 
 
 def test_issue13_agent_options_and_token_stay_home(tmp_path) -> None:
-    """--agent needs --sut-pid (its pid there) and refuses --sut-cmd; the token never
+    """--agent takes --sut-pid (its pid there) and refuses --sut-cmd; the token never
     travels to workers nor onto a command line."""
     import argparse
 
@@ -352,8 +352,8 @@ def test_issue13_agent_options_and_token_stay_home(tmp_path) -> None:
         )
         return argparse.Namespace(**{**base, **kw})
 
-    with pytest.raises(ConfigError, match="--agent needs --sut-pid"):
-        options_from(parsed(agent_url="http://10.0.0.5:8765"))
+    # no --sut-pid: the agent's own server (harness agent --sut-cmd), asked at preflight
+    assert options_from(parsed(agent_url="http://10.0.0.5:8765")).sut_pid is None
     with pytest.raises(ConfigError, match="--agent and --sut-cmd"):
         options_from(parsed(agent_url="http://h:1", sut_cmd="x --port {port}"))
     opts = options_from(parsed(agent_url="http://h:1", sut_pid=42, agent_token=TOKEN))
@@ -484,3 +484,70 @@ def test_issue13_agent_loadgen_merge_aligns_by_wall_clock(tmp_path) -> None:
     assert system["series"]["loadgen_cpu_pct"] == [10.0, 20.0, 30.0, None]
     (proc,) = system["loadgen_processes"]
     assert proc["pid"] == 7 and proc["cpu_pct"] == [10.0, 20.0, 30.0, None]
+
+
+# -- a server the agent started -----------------------------------------------------------
+
+
+def test_issue13_agent_without_a_server_of_its_own_needs_a_pid(agent) -> None:
+    from harness.agent.client import agent_facts
+
+    with pytest.raises(ConfigError, match="no server of its own"):
+        agent_facts(agent.url, TOKEN, None)
+
+
+@pytest.mark.slow
+def test_issue13_agent_restarts_the_server_it_started(tmp_path) -> None:
+    """harness agent --sut-cmd: the master finds the server without a pid, kill chaos
+    restarts it on the agent's host, the agent's sampler follows the new pid, the
+    master's handle follows it too, and the agent stops the server when it exits."""
+    from harness.agent.client import agent_facts
+    from harness.load.preflight import TargetFacts, server_cores, unsupported_reason
+
+    cmd = f"{sys.executable} -m reference_server --port {{port}} --model sim"
+    running, stop = _start(tmp_path, sut_cmd=cmd)
+    try:
+        running.agent.start_sut()
+        first = running.agent.sut.pid
+        facts = agent_facts(running.url, TOKEN, None)
+        assert facts["sut_pid"] == first and facts["agent_restarts"] is True
+        assert facts["remote_cores"] == tuple(sorted(os.sched_getaffinity(first)))
+        # preflight: a kill + restart scenario is refused for an attached server, not here
+        events = [SimpleNamespace(action="kill", params={"restart": True}, duration_s=1.0)]
+        scenario = SimpleNamespace(
+            load=SimpleNamespace(fresh_sut=False), chaos=events, linearity=None
+        )
+        assert unsupported_reason(scenario, TargetFacts(None, True, sut_pid=first)) is not None
+        ok = TargetFacts(None, True, **facts)
+        assert unsupported_reason(scenario, ok) is None
+        assert server_cores(ok) == facts["remote_cores"]
+
+        sut = connect_sut(running.url, TOKEN, None, [_event("kill", 0.5, restart=True)])
+        try:
+            assert sut.can_restart and sut.pid == first
+            sampler = sut.start_sampler(tmp_path / "samples", None)
+            time.sleep(2.5)
+            records = Timeline(
+                [_event("kill", 0.5, restart=True)],
+                sut,
+                actions=sut.chaos_actions,
+                handle_signals=False,
+            ).run()
+            record = records[0]
+            assert record.get("error") is None, record
+            detail = record["detail"]
+            assert detail["old_pid"] == first and detail["gone"] is True
+            second = detail["new_pid"]
+            assert second != first and psutil.pid_exists(second)
+            assert proc_state(first) is None
+            assert sut.alive() and sut.pid == second  # the handle followed the new pid
+            time.sleep(2.5)
+            samples = sampler.finish()
+            meta = json.loads((tmp_path / "samples" / "sampler.json").read_text())
+            assert [r["pid"] for r in meta["retargets"]] == [second]
+            assert samples is not None
+        finally:
+            sut.close()
+    finally:
+        stop()
+    assert not psutil.pid_exists(second) or proc_state(second) in ("Z", None)

@@ -298,16 +298,28 @@ def not_here(samples: Path) -> None:
 
 
 class RemoteSut:
-    """The server on the agent's host, by its pid there (a ``ChaosTarget``; never restarted:
-    kill chaos needs ``restart = false``)."""
+    """The server on the agent's host, by its pid there (a ``ChaosTarget``). A server the
+    agent started itself (``harness agent --sut-cmd``) is found without a pid and may be
+    restarted by kill chaos, on the agent's host; one it attached to by pid may not (kill
+    chaos needs ``restart = false`` there)."""
 
     can_restart = False
 
-    def __init__(self, client: AgentClient, pid: int, lease_s: float | None = None) -> None:
+    def __init__(self, client: AgentClient, pid: int | None, lease_s: float | None = None) -> None:
         self.client = client
         info, self.clock_offset_s, self.rtt_s = client.measure_clock()
         self.host = str(info.get("host"))
         self.info = info
+        owned = info.get("sut") or {}
+        if pid is None:
+            pid = owned.get("pid")
+            if pid is None:
+                raise ConfigError(
+                    f"--agent {client.url} has no server of its own (harness agent --sut-cmd) "
+                    "and no --sut-pid was given: pass the server's pid on the agent's host "
+                    "(`pgrep -f SERVER` there) as --sut-pid"
+                )
+        self.can_restart = bool(owned.get("can_restart")) and owned.get("pid") == int(pid)
         proc = client.call("GET", f"process?pid={int(pid)}")
         self._pid = int(proc["pid"])
         self._cores = tuple(proc.get("cores") or ())
@@ -346,7 +358,11 @@ class RemoteSut:
     def alive(self) -> bool:
         """Whether the server runs; an agent that does not answer is not a dead server."""
         try:
-            return bool(self.client.call("GET", f"alive?pid={self._pid}")["alive"])
+            doc = self.client.call("GET", f"alive?pid={self._pid}")
+            if doc.get("pid_now"):
+                # the agent restarted the server it owns (kill chaos): follow the new pid
+                self._pid = int(doc["pid_now"])
+            return bool(doc["alive"])
         except AgentRefused:
             return False  # 404: the process is gone
         except HarnessError as exc:
@@ -397,15 +413,18 @@ class RemoteSut:
         self._beat = None
 
 
+def agent_facts(url: str, token: str | None, pid: int | None) -> dict[str, Any]:
+    """What preflight needs from the agent before anything starts: the server's pid and
+    cores on the agent's host, and whether the agent may restart it (it started it)."""
+    sut = RemoteSut(AgentClient(url, token), pid)
+    return {"sut_pid": sut.pid, "remote_cores": sut.cores, "agent_restarts": sut.can_restart}
+
+
 def connect_sut(
     url: str, token: str | None, pid: int | None, events: Sequence[Any] = ()
 ) -> RemoteSut:
-    """A ``RemoteSut`` for ``--agent URL --sut-pid PID``, checked before any load."""
-    if pid is None:
-        raise ConfigError(
-            "--agent needs --sut-pid: the server's pid on the agent's host (`pgrep -f "
-            "SERVER` there)"
-        )
+    """A ``RemoteSut`` for ``--agent URL [--sut-pid PID]``, checked before any load (no pid:
+    the server the agent started with ``--sut-cmd``)."""
     sut = RemoteSut(AgentClient(url, token), pid)
     sut.check_chaos(events)
     sut.start_heartbeat()

@@ -31,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -73,6 +74,10 @@ class AgentConfig:
     root: str | None = None  # sampler directories (default: a fresh temporary directory)
     sample_interval_s: float = 1.0
     actions: Mapping[str, ActionFactory] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
+    # a server the agent starts and owns (``--sut-cmd``): kill chaos may restart it here
+    sut_cmd: str | None = None
+    sut_port: int | None = None  # its {port} (default: a free one)
+    ready_timeout_s: float = 60.0
 
     def validate(self) -> AgentConfig:
         if not self.token:
@@ -149,6 +154,47 @@ class Agent:
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-chaos")
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self.sut: Any = None  # the SutProcess of --sut-cmd, once started
+        self._sut_pids: set[int] = set()  # every pid it has had (it is restarted by chaos)
+
+    # -- the server it owns ---------------------------------------------------------------
+
+    def start_sut(self) -> float | None:
+        """Start ``--sut-cmd`` and wait until it is ready; seconds to ready (None: no cmd).
+        Its pid is kept in a file the samplers follow, so a kill + restart through chaos
+        is sampled across the restart like on one host."""
+        if not self.config.sut_cmd:
+            return None
+        from harness.sut import SutProcess
+
+        self.sut = SutProcess(
+            self.config.sut_cmd,
+            port=self.config.sut_port,
+            log_path=self.root / "sut.log",
+            pid_file=self.root / "sut.pid",
+        )
+        try:
+            ready = self.sut.wait_ready(timeout=self.config.ready_timeout_s)
+            self._sut_pid_now()
+            return ready
+        except HarnessError:
+            self.sut.stop()
+            raise
+
+    def _sut_pid_now(self) -> int | None:
+        """The owned server's pid while it runs (remembered among its pids)."""
+        if self.sut is None or not self.sut.alive():
+            return None
+        pid = self.sut.pid
+        self._sut_pids.add(pid)
+        return pid
+
+    def _owned(self, pid: int) -> bool:
+        return self._sut_pid_now() == pid
+
+    def _target(self, pid: int) -> Any:
+        """The server behind ``pid``: the one the agent owns (restartable), or attached."""
+        return self.sut if self._owned(pid) else _attach(pid)
 
     # -- lease ----------------------------------------------------------------------------
 
@@ -191,6 +237,8 @@ class Agent:
         self._stop.set()
         self.release(f"agent {reason}")
         self._worker.shutdown(wait=False)
+        if self.sut is not None:
+            self.sut.stop()
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -203,6 +251,16 @@ class Agent:
             "lease_s": self.config.lease_s,
             "netns": _netns(),
             "time": time.time(),
+            # the server it started (--sut-cmd): the master needs no --sut-pid, and kill
+            # chaos may restart it
+            "sut": None
+            if self.sut is None
+            else {
+                "pid": self.sut.pid if self.sut.alive() else None,
+                "url": self.sut.url,
+                "cmd": self.sut.cmd,
+                "can_restart": True,
+            },
         }
 
     def alive(self, pid: int) -> dict[str, Any]:
@@ -210,15 +268,19 @@ class Agent:
         process tree walk of ``process`` reads every process on the host)."""
         from harness.chaos.base import proc_state
 
+        now = self._sut_pid_now()
+        if now is not None and pid in self._sut_pids and pid != now:
+            # the server it owns was restarted (kill chaos): alive, under a new pid
+            return {"pid": pid, "alive": True, "pid_now": now}
         return {"pid": pid, "alive": proc_state(pid) not in ("Z", "X", None)}
 
     def process(self, pid: int) -> dict[str, Any]:
-        h = _attach(pid)
+        h = self._target(pid)
         return {
             "pid": h.pid,
             "alive": h.alive(),
             "pids": h.pids(),
-            "cores": list(h.cores),
+            "cores": list(h.cores or sorted(os.sched_getaffinity(h.pid))),
             "cmd": h.cmd,
         }
 
@@ -231,7 +293,7 @@ class Agent:
                 f"{', '.join(self.config.allow) or 'none'}); start it with --allow "
                 f"{','.join([*self.config.allow, name])}"
             )
-        return self.config.actions[name](_attach(pid), dict(params))
+        return self.config.actions[name](self._target(pid), dict(params))
 
     def check(self, name: str, params: Mapping[str, Any], pid: int) -> dict[str, Any]:
         """Build the action without applying it: its params, or the error it would raise."""
@@ -268,12 +330,18 @@ class Agent:
     # -- samplers -------------------------------------------------------------------------
 
     def start_sampler(self, pid: int, metrics_url: str | None = None) -> dict[str, Any]:
-        _attach(pid)
+        owned = self._owned(pid)
+        if not owned:
+            _attach(pid)
         sid = f"s{next(self._ids)}"
         out = self.root / sid
         out.mkdir(parents=True)
         cmd = sample_command(
-            pid, out, interval_s=self.config.sample_interval_s, metrics_url=metrics_url
+            pid,
+            out,
+            interval_s=self.config.sample_interval_s,
+            metrics_url=metrics_url,
+            pid_file=self.sut.pid_file if owned else None,
         )
         proc = start_sample(cmd, out)
         with self._lock:
@@ -471,6 +539,19 @@ def serve(config: AgentConfig, ready: Callable[[str], None] | None = None) -> in
             "--port or --bind"
         ) from None
     atexit.register(agent.shutdown, "exit")
+    try:
+        took = agent.start_sut()
+        if took is not None:
+            print(
+                f"harness agent: started the server (pid {agent.sut.pid}, {agent.sut.url}, "
+                f"ready in {took:.1f} s): {agent.sut.cmd}",
+                file=sys.stderr,
+                flush=True,
+            )
+    except HarnessError:
+        httpd.server_close()
+        atexit.unregister(agent.shutdown)
+        raise
 
     def on_signal(signum: int, _frame: Any) -> None:
         agent.shutdown(signal.Signals(signum).name)

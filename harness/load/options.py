@@ -355,12 +355,8 @@ def options_from(parsed: Any, form: bool = False) -> Options:
     if agent_url and parsed.sut_cmd:
         raise ConfigError(
             "--agent and --sut-cmd are both set; with --agent the server runs on the agent's "
-            "host: start it there and pass --sut-pid PID (its pid on that host)"
-        )
-    if agent_url and parsed.sut_pid is None:
-        raise ConfigError(
-            "--agent needs --sut-pid: the server's pid on the agent's host (`pgrep -f "
-            "SERVER` there)"
+            "host: start it there (harness agent --sut-cmd CMD, or by hand and pass --sut-pid "
+            "PID, its pid on that host)"
         )
     inputs = parsed.harness_input or ()
     if isinstance(inputs, str):  # from the environment variable: comma-free, space-separated

@@ -33,6 +33,20 @@ class TargetFacts:
     sut_pid: int | None = None
     sut_cores: str | None = None  # --sut-cores as given
     linearity_max_n: int = 0  # the checklist's linearity.efficiency max_n (0 = the cores)
+    # with --agent: the server's cores on the agent's host (not this one's), and whether
+    # the agent started it (harness agent --sut-cmd) and so may restart it
+    remote_cores: tuple[int, ...] | None = None
+    agent_restarts: bool = False
+
+
+def agent_facts(url: str | None, token: str | None, pid: int | None) -> dict:
+    """``TargetFacts`` fields the agent knows (exit 2 when it does not answer): the
+    server's pid and cores on its host, and whether the agent may restart it."""
+    if not url:
+        return {"sut_pid": pid}
+    from harness.agent.client import agent_facts as ask
+
+    return ask(url, token, pid)
 
 
 def server_cores(facts: TargetFacts) -> tuple[int, ...] | None:
@@ -41,6 +55,8 @@ def server_cores(facts: TargetFacts) -> tuple[int, ...] | None:
 
     if facts.sut_cmd:
         return sut.parse_cores(facts.sut_cores) if facts.sut_cores else sut.choose_cores().sut
+    if facts.remote_cores is not None:
+        return facts.remote_cores
     if facts.sut_pid is not None:
         try:
             return tuple(sorted(os.sched_getaffinity(facts.sut_pid)))
@@ -95,7 +111,7 @@ def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
         for e in scenario.chaos
         if e.action in ("kill", "terminate") and e.params.get("restart", True)
     ]
-    if restarts and not facts.sut_cmd:
+    if restarts and not facts.sut_cmd and not facts.agent_restarts:
         return (
             f"its {restarts[0]} event restarts the server, which needs a server the harness "
             "starts (--sut-cmd): an attached one is not the harness's to restart"

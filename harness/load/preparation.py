@@ -100,6 +100,7 @@ class Preparation:
         """Refuse (exit 2) a scenario this target cannot support, before starting anything."""
         from harness.load.preflight import (
             TargetFacts,
+            agent_facts,
             checklist_max_n,
             linearity_max_n,
             unsupported_reason,
@@ -107,12 +108,13 @@ class Preparation:
 
         o = self.opts
         checklist = checklist_max_n(o.checklist)
+        remote = agent_facts(o.agent_url, o.agent_token, o.sut_pid)
         facts = TargetFacts(
             sut_cmd=o.sut_cmd,
             attached=not o.sut_cmd,
-            sut_pid=o.sut_pid,
             sut_cores=o.sut_cores,
             linearity_max_n=linearity_max_n(self.scenario, checklist),
+            **remote,
         )
         why = unsupported_reason(self.scenario, facts)
         if why is not None:
