@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError, ExitCode
+from harness.errors import ConfigError, ExitCode, TargetUnavailable
 from harness.peak.runner import PeakConfig, Target, search, target_for
 from harness.peak.search import Point
 
@@ -360,6 +360,23 @@ class Tuner:
     ) -> tuple[list[Point], str]:
         d = self.out_dir / "configs" / _dirname(cfg)
         d.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._search(cfg, pc, points, on_point, d)
+        except TargetUnavailable as e:
+            # a configuration the server refuses (a bad flag value, a crash at start) is a
+            # result of the tune, not the end of it
+            first = str(e).splitlines()[0]
+            self.show(f"    the server did not start: {first}")
+            return points, f"the server did not start: {first}"
+
+    def _search(
+        self,
+        cfg: Config,
+        pc: PeakConfig,
+        points: list[Point],
+        on_point: Callable[[Point], None],
+        d: Path,
+    ) -> tuple[list[Point], str]:
         with target_for(
             sut_cmd=self.cmd(cfg),
             url=None,
