@@ -336,7 +336,13 @@ def test_issue12_freeze_unanswered_counts_lost_not_refused() -> None:
     assert c.passed is True and c.value == 0 and c.n == 240
     lost = _scenario(30, errors=lambda t: {"timeout": 7} if t == 11 else {}, chaos=_pause())
     c = _run("freeze.unanswered", lost)
-    assert c.passed is False and c.value == 7 and "never answered" in c.detail
+    assert c.passed is False and c.value == 7 and "held unanswered" in c.detail
+    # a keep-alive connection the server timed out at the resume fails at once: reported,
+    # not held (the healthy server showed 6 in one run of three)
+    closed = _scenario(30, errors=lambda t: {"connection": 6} if t == 11 else {},
+                       chaos=_pause())  # fmt: skip
+    c = _run("freeze.unanswered", closed)
+    assert c.passed is True and c.value == 0 and "6 failed at once" in c.detail
 
 
 def test_issue12_freeze_resource_step_sees_threads_left_behind() -> None:

@@ -34,8 +34,12 @@ BAND_LABELS = ("before", "during", "after")
 # Failure kinds that mean the server never answered the request (it was lost to it), as
 # opposed to an answer that was an error (a 503 is an answer).
 UNANSWERED_KINDS = ("timeout", "connection", "bad_response", "cancelled")
+# Of those, the ones where the server *held* the request without answering until the
+# client gave up (or the run ended): a closed or refused connection fails at once, a
+# held one only at the client's timeout.
+HELD_KINDS = ("timeout", "cancelled")
 # Answers that were not this request's own: a request answered twice or with another's.
-MISANSWERED_KINDS = ("id_mismatch", "cross_wired")
+MISANSWERED_KINDS = ("id_mismatch", "cross_wired", "bad_response")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 from harness.analysis.resilience import (
     EDGE,
+    HELD_KINDS,
     MISANSWERED_KINDS,
     UNANSWERED_KINDS,
     Span,
@@ -131,18 +132,23 @@ def freeze_unanswered(result: Mapping[str, Any], r: Result) -> Check:
             f"no request was sent to the server during the freeze ({sent} sent, {dropped} "
             "dropped by the client's in-flight cap): nothing to judge — raise the rate"
         )
-    lost = {k: errors.get(k, 0) for k in UNANSWERED_KINDS if errors.get(k)}
+    lost = {k: errors.get(k, 0) for k in HELD_KINDS if errors.get(k)}
     wrong = {k: errors.get(k, 0) for k in MISANSWERED_KINDS if errors.get(k)}
+    closed = errors.get("connection", 0)
     in_flight = int((d.counters(result) or {}).get("in_flight") or 0)
     value = sum(lost.values()) + sum(wrong.values()) + in_flight
-    answered_err = sum(v for k, v in errors.items() if k not in lost and k not in wrong)
+    answered_err = sum(
+        v for k, v in errors.items() if k not in lost and k not in wrong and k != "connection"
+    )
     ok_ = r.compare(value)
     detail = (
         f"{value} of the {reached} requests sent during the freeze "
-        f"({fmt(start)}–{fmt(end)} s) were not answered by the server or answered wrongly "
-        f"(never answered: {lost or 0}, another's answer: {wrong or 0}, still in flight at "
-        f"the end: {in_flight}); {ok} answered ok, {answered_err} answered with an error "
-        f"status, {dropped} not sent (client in-flight cap), {'<=' if ok_ else '>'} "
+        f"({fmt(start)}–{fmt(end)} s) were held unanswered until the client's timeout or "
+        f"answered wrongly (held: {lost or 0}, another's or a garbled answer: {wrong or 0}, "
+        f"still in flight at the end: {in_flight}); {ok} answered ok, {answered_err} "
+        f"answered with an error status, {closed} failed at once on a closed connection "
+        f"(a keep-alive connection the server timed out as the freeze ended: failed, not "
+        f"held), {dropped} not sent (client in-flight cap), {'<=' if ok_ else '>'} "
         f"{fmt(r.threshold)}"
     )
     if not ok_:
