@@ -42,9 +42,9 @@ CHECKLIST: tuple[str, ...] = (
     "soak",
 )
 
-# Scenarios only `--full` runs. `network` adds 85 s of load (~95 s wall) to a quick
-# checklist CI runs whole; its quick-mode proof is the detection matrix (reset-leak,
-# io-lock and their healthy twins) and tests/test_issue12_network*.py.
+# Scenarios only `--full` runs. `network` would add 52 s of load (~60 s wall) to a quick
+# checklist CI runs whole, already near its budget; its quick-mode proof is the detection
+# matrix (reset-leak, io-lock and their healthy twins) and tests/test_issue12_network*.py.
 FULL_ONLY: tuple[str, ...] = ("network",)
 
 
