@@ -542,8 +542,8 @@ CASES: tuple[DetectionCase, ...] = (
         scenario="network",
         check="network.leaks",
         fault="reset-leak",
-        why="the resets phase resets every connection when its answer comes (~320 resets "
-        "at 80 req/s for 4 s, quick): the server's per-connection dup()ed socket is closed "
+        why="the resets phase resets every connection when its answer comes (~240 resets "
+        "at 80 req/s for 3 s, quick): the server's per-connection dup()ed socket is closed "
         "on a FIN only, so each reset leaves one open — measured +328 sockets net of the "
         "harness's connections for 328 resets; the healthy twin +0 (its sockets return "
         "with the client's pool)",

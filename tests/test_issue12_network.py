@@ -265,7 +265,7 @@ latency_ms = 5
 
 
 def test_issue12_packaged_network_scenario() -> None:
-    for mode, length in (("quick", 85.0), ("full", 170.0)):
+    for mode, length in (("quick", 52.0), ("full", 170.0)):
         s = load_scenario("network", mode)
         assert s.duration_s == length
         toxics = [e.params["toxic"] for e in s.chaos]

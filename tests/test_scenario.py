@@ -44,7 +44,7 @@ QUICK_BUDGET_S = {
     "contention": 95,
     "linearity": 95,
     "integrity": 35,
-    "network": 90,  # --full only (harness.acceptance.FULL_ONLY)
+    "network": 55,  # --full only (harness.acceptance.FULL_ONLY)
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
