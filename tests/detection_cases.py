@@ -483,7 +483,7 @@ CASES: tuple[DetectionCase, ...] = (
         timeout_s=360,
         why="the restarted server is gone for 12 s of warm-up delay plus its start, past "
         "the 10 s budget from kill to baseline; the healthy twin (the same command without "
-        "the delay) was back in 1.0 s",
+        "the delay) was back in 0.75–1.5 s (K=3: 12.7–13.0 s, once never, against it)",
     ),
     DetectionCase(
         name="restart-cold-errors",
@@ -511,7 +511,7 @@ CASES: tuple[DetectionCase, ...] = (
             "128-request queue (503): the same missing warm-up seen as failed requests",
         },
         why="ready at once after the restart, the model initialised on the first request: "
-        "the first windows after ready wait ~3 s, ~20x the warm p99",
+        "the first windows after ready wait ~3 s: 51–66x the warm p99 (healthy 1.05–1.61x)",
     ),
     DetectionCase(
         name="no-drain",
