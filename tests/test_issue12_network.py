@@ -165,6 +165,18 @@ def test_issue12_toxicity_draws_once_per_connection(proxy: FaultProxy) -> None:
     assert c["chunks_affected"] == 2 * c["connections_affected"]  # both or neither
 
 
+def test_issue12_toxicity_per_chunk_draws_every_request(proxy: FaultProxy) -> None:
+    proxy.command(
+        "add", id="q", kind="latency", stream="downstream", toxicity=0.5, per="chunk", latency_ms=1
+    )
+    with socket.create_connection(("127.0.0.1", proxy.port)) as s:
+        for _ in range(80):
+            _round_trip(s, 10)
+    c = proxy.command("remove", id="q")["counters"]
+    assert c["connections_seen"] == 1 and c["chunks_seen"] == 80
+    assert 20 <= c["chunks_affected"] <= 60  # Binomial(80, 0.5) on one connection
+
+
 def test_issue12_proxy_exits_when_its_control_pipe_closes(echo: int) -> None:
     """The parent's death closes the pipe: EOF alone ends the proxy and frees its port."""
     p = FaultProxy("127.0.0.1", echo).start(register=False)
@@ -241,6 +253,7 @@ def test_issue12_network_without_a_proxy_fails_at_apply() -> None:
         ({"toxic": "latency", "toxicity": 0}, "network.toxicity has value 0"),
         ({"toxic": "latency", "latency_ms": -1}, "network.latency_ms has value -1"),
         ({"toxic": "latency", "rate_kbps": 5}, "rate_kbps is not a parameter of the latency"),
+        ({"toxic": "latency", "per": "packet"}, "network.per has value 'packet'"),
     ],
 )
 def test_issue12_bad_toxic_is_a_config_error(params: dict[str, Any], message: str) -> None:

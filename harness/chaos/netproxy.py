@@ -72,6 +72,9 @@ class Toxic:
         if self.kind not in KINDS or self.stream not in STREAMS:
             raise ValueError(f"toxic {self.kind!r} on stream {self.stream!r}")
         self.toxicity = float(spec.get("toxicity", 1.0))
+        # "connection" (Toxiproxy's): one draw per connection; "chunk": one per chunk read
+        # (a request or an answer), for a share of requests whatever the client's pooling
+        self.per = str(spec.get("per", "connection"))
         self.p = {k: float(v) for k, v in spec.items() if isinstance(v, int | float)}
         self.rng = rng
         self.drawn: dict[int, bool] = {}  # connection id → affected
@@ -79,6 +82,12 @@ class Toxic:
         self.held: set[int] = set()
 
     def affects(self, conn_id: int) -> bool:
+        if self.per == "chunk":
+            hit = self.rng.random() < self.toxicity
+            if hit and not self.drawn.get(conn_id):
+                self.c["connections_affected"] += 1
+            self.drawn[conn_id] = bool(self.drawn.get(conn_id)) or hit
+            return hit
         hit = self.drawn.get(conn_id)
         if hit is None:
             hit = self.drawn[conn_id] = self.rng.random() < self.toxicity

@@ -51,7 +51,13 @@ TOXIC_PARAMS: dict[str, dict[str, tuple[float, float, str]]] = {
 }
 STREAMS = netproxy.STREAMS
 # every key a [[chaos]] action = "network" table may hold (besides at_s, duration_s)
-NETWORK_PARAMS = ("toxic", "stream", "toxicity", *{k: 0 for p in TOXIC_PARAMS.values() for k in p})
+NETWORK_PARAMS = (
+    "toxic",
+    "stream",
+    "toxicity",
+    "per",
+    *{k: 0 for p in TOXIC_PARAMS.values() for k in p},
+)
 START_TIMEOUT_S = 10.0
 
 _current: FaultProxy | None = None
@@ -199,7 +205,10 @@ def toxic_spec(params: dict[str, Any]) -> dict[str, Any]:
     tox = 1.0 if tox is None else tox
     if isinstance(tox, bool) or not isinstance(tox, int | float) or not 0 < tox <= 1:
         raise ConfigError(f"network.toxicity has value {tox!r}. Valid: a probability in (0, 1]")
-    spec: dict[str, Any] = {"kind": kind, "stream": stream, "toxicity": float(tox)}
+    per = params.get("per") or "connection"
+    if per not in ("connection", "chunk"):
+        raise ConfigError(f"network.per has value {per!r}. Valid: connection, chunk")
+    spec: dict[str, Any] = {"kind": kind, "stream": stream, "toxicity": float(tox), "per": per}
     for key, (default, lo, what) in TOXIC_PARAMS[kind].items():
         v = params.get(key)
         v = default if v is None else v
@@ -207,11 +216,11 @@ def toxic_spec(params: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"network.{key} has value {v!r}. Valid: {what}")
         spec[key] = float(v)
     given = {k for k, v in params.items() if v is not None}
-    unknown = given - {"toxic", "stream", "toxicity", "duration_s", *TOXIC_PARAMS[kind]}
+    unknown = given - {"toxic", "stream", "toxicity", "per", "duration_s", *TOXIC_PARAMS[kind]}
     if unknown:
         raise ConfigError(
             f"network: {', '.join(sorted(unknown))} is not a parameter of the {kind} toxic. "
-            f"Valid: {', '.join(TOXIC_PARAMS[kind])}, stream, toxicity"
+            f"Valid: {', '.join(TOXIC_PARAMS[kind])}, stream, toxicity, per"
         )
     return spec
 
