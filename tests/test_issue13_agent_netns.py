@@ -272,6 +272,13 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
     # ticks: generator saturation is judged as on one host
     assert any(v is not None for v in sc2["system"]["series"]["loadgen_cpu_pct"]), tail
     assert sc2["system"]["loadgen_processes"], tail
+    # the worker runs in no sampled process tree (started on its own): its CPU comes from
+    # its heartbeats, on the same ticks, so a saturated worker would be judged too
+    beats = [p for p in sc2["system"]["loadgen_processes"] if p.get("worker")]
+    assert len(beats) == 1, sc2["system"]["loadgen_processes"]
+    judged = [v for v in beats[0]["cpu_pct"] if v is not None]
+    assert len(judged) >= 0.8 * len(sc2["system"]["series"]["t"]), beats[0]
+    assert 0 < max(judged) <= 100, beats[0]
 
     if scenario == "soak":
         checks = {c["id"]: c for c in sc2["checks"]}

@@ -116,8 +116,9 @@ def loadgen_process_saturated(
         return None
     span, k, proc, cpu = worst
     peak = max(float(v) for v in cpu if v is not None and math.isfinite(v))
+    who = proc.get("name") if proc.get("pid") is None else f"{proc.get('pid')} ({proc.get('name')})"
     return (
-        f"load generator process {proc.get('pid')} ({proc.get('name')}) CPU >= "
+        f"load generator process {who} CPU >= "
         f"{max_pct:g} % for {span:.0f} s in a row ({k} samples, peak {peak:.0f} %): that "
         "Locust process, one core's worth of gevent loop, was the bottleneck whatever its "
         "siblings did — lower the rate or add Locust workers (--processes)"

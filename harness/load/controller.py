@@ -225,6 +225,12 @@ class HarnessState:
                 self._collecting,
                 self._sweep_failed,
             )
+        if isinstance(self.env.runner, MasterRunner):
+            # workers outside the sampler's process tree (other hosts, started by hand)
+            from harness.load.workers_cpu import WorkerCpu
+
+            self.tasks.workers_cpu = WorkerCpu(self.env.runner)
+            self.tasks.spawn(self.tasks.workers_cpu.run, gevent.sleep)
         self.tasks.spawn(self._write_periodically)
         self.tasks.spawn(self._write_progress)
         from harness.load import server_stats  # the server's statistics at stage edges

@@ -34,6 +34,8 @@ class SideTasks:
         self.timeline: Timeline | None = None
         self.chaos_skipped: list[dict[str, Any]] = []
         self.greenlets: list[gevent.Greenlet] = []
+        # on a master: the workers' own CPU from their heartbeats (harness.load.workers_cpu)
+        self.workers_cpu: Any = None
 
     def start_sampler(self, sut: SutControl, samples_dir: Path, metrics_url: str) -> None:
         """``harness sample`` on the server; it follows the pid file SutProcess rewrites on
@@ -92,9 +94,13 @@ class SideTasks:
         proxy.stop_current()  # after the timeline: its network events read the proxy at revert
         remote, self.remote_sampler = self.remote_sampler, None
         if remote is not None:
-            return remote.finish()
-        proc, self.sampler = self.sampler, None
-        return target.stop_sampler(proc, samples_dir)
+            samples = remote.finish()
+        else:
+            proc, self.sampler = self.sampler, None
+            samples = target.stop_sampler(proc, samples_dir)
+        if self.workers_cpu is not None:
+            self.workers_cpu.add_to(samples)
+        return samples
 
     def shutdown(self, samples_dir: Path) -> None:
         """At quit: the same, never raising (the Locust process is ending)."""
