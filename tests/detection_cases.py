@@ -554,12 +554,13 @@ CASES: tuple[DetectionCase, ...] = (
         scenario="network",
         check="network.latency_amplification",
         fault="io-lock",
-        why="the slow-uplink phase trickles every ~2 KiB request in 256-byte slices 8 ms "
-        "apart: the headers reach the server ~55 ms before the last body byte, and a "
+        why="the slow-uplink phase trickles one request in five (drawn per request) in "
+        "64-byte slices 20 ms apart: ~0.65 s from its headers to its last body byte. A "
         "server that takes its decoder's lock before reading the body holds it for that "
-        "wait, so at 80 req/s the requests queue behind one another's uplinks (4 s of "
-        "lock per second of load) instead of each paying its own ~60 ms; the healthy twin "
-        "adds 1.07x the injected delay",
+        "whole wait, so the requests that were not slowed queue behind the slow one; the "
+        "healthy twin serves them as if nothing happened. Slicing every request alike "
+        "does not show it (a FIFO lock then costs nothing: each request waits for its own "
+        "body anyway) — measured 1.08x and 1.15x against the twin's 1.05x and 1.07x",
     ),
 )
 
