@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from reference_server.config import DEFAULT_MLP_DIMS
 from tests.locust_helpers import REPO, locust_cmd, stop
 from tests.server_fixtures import http_status, infer_body, post_infer, start_server
 
@@ -92,7 +93,7 @@ def test_issue12_sigkill_of_locust_mid_blackhole_leaves_no_proxy(tmp_path: Path)
     scenario.write_text(SCENARIO)
     out = tmp_path / "out"
     with start_server("--model", "mlp") as srv:
-        body = infer_body([[0.5] * 16])
+        body = infer_body([[0.5] * DEFAULT_MLP_DIMS[0]])
         status, _, _ = post_infer(srv.url, "mlp", body)
         assert status == 200
         sockets_before = _sockets(srv.pid)
