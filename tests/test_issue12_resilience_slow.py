@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,3 +159,6 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_the_server_serving(tmp_path
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server, signal.SIGCONT)
                 os.kill(server, signal.SIGKILL)
+        # what the CLI wrote after its Locust process died is a stub, not a results
+        # document (the schema fixture would reject it); this test judges the server
+        shutil.rmtree(out, ignore_errors=True)
