@@ -159,6 +159,11 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_the_server_serving(tmp_path
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server, signal.SIGCONT)
                 os.kill(server, signal.SIGKILL)
+        # the sampler the killed Locust process started runs in a session of its own
+        for p in psutil.process_iter(["cmdline"]):
+            if str(out) in " ".join(p.info["cmdline"] or []):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
         # what the CLI wrote after its Locust process died is a stub, not a results
         # document (the schema fixture would reject it); this test judges the server
         shutil.rmtree(out, ignore_errors=True)
