@@ -551,3 +551,46 @@ def test_issue13_agent_restarts_the_server_it_started(tmp_path) -> None:
     finally:
         stop()
     assert not psutil.pid_exists(second) or proc_state(second) in ("Z", None)
+
+
+def test_issue13_agent_a_revert_under_way_is_waited_for_not_missed(tmp_path, server_proc) -> None:
+    """The lease reverts an action while the master asks for the same revert: the master
+    gets the detail once the revert is done (it used to get 404 in between)."""
+    from harness.chaos.base import Action
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Action):
+        name = "slow"
+
+        def _apply(self) -> None:
+            self.detail["applied"] = True
+
+        def _revert(self) -> None:
+            entered.set()
+            release.wait(5)
+            self.detail["reverted"] = True
+
+    actions = {"slow": lambda _t, p: Slow(p.get("duration_s"))}
+    running, stop = _start(tmp_path, allow=("slow",), actions=actions)
+    try:
+        doc = running.agent.apply("slow", {"duration_s": 1.0}, server_proc.pid)
+        first = threading.Thread(
+            target=running.agent.revert, args=(doc["id"], "lease"), name="agent-test"
+        )
+        first.start()
+        assert entered.wait(5)
+        got: dict = {}
+        second = threading.Thread(
+            target=lambda: got.update(running.agent.revert(doc["id"])), name="agent-test2"
+        )
+        second.start()
+        time.sleep(0.2)
+        assert not got  # waiting for the first revert, not answered 404
+        release.set()
+        first.join(5)
+        second.join(5)
+        assert got["detail"] == {"applied": True, "reverted": True, "interrupted": "lease"}
+    finally:
+        release.set()
+        stop()

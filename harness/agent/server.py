@@ -148,6 +148,7 @@ class Agent:
         self.samplers: dict[str, _Sampler] = {}
         self.active: dict[str, Action] = {}  # applied, not yet reverted
         self.done: dict[str, Action] = {}  # reverted (their detail stays readable)
+        self._gates: dict[str, threading.Lock] = {}  # one revert at a time per action
         self.expired: list[dict[str, Any]] = []  # what the lease reverted, and when
         self.last_beat = clock()
         # one thread outlives every hog it spawns (PR_SET_PDEATHSIG is per thread)
@@ -312,19 +313,26 @@ class Agent:
         return {"id": aid, "params": action.params, "detail": dict(action.detail)}
 
     def revert(self, aid: str, reason: str | None = None) -> dict[str, Any]:
+        """Revert action ``aid`` (once) and answer its detail. A revert already under way
+        (the lease's, the master's) is waited for, not missed: the action moves to
+        ``done`` before it is reverted, under a gate the second caller blocks on."""
         with self._lock:
-            action = self.active.pop(aid, None) or self.done.get(aid)
+            action = self.active.pop(aid, None)
+            if action is not None:
+                self.done[aid] = action
+            else:
+                action = self.done.get(aid)
+            gate = self._gates.setdefault(aid, threading.Lock())
         if action is None:
             raise NotFound(f"no action {aid!r} on this agent")
-        if not action.reverted:
-            if self._stop.is_set() or threading.current_thread().name.startswith("agent-"):
-                action.revert()  # the worker may be gone (exit) or be this thread
-            else:
-                self._worker.submit(action.revert).result()
-            if reason:
-                action.detail["interrupted"] = reason
-        with self._lock:
-            self.done[aid] = action
+        with gate:
+            if not action.reverted:
+                if self._stop.is_set() or threading.current_thread().name.startswith("agent-"):
+                    action.revert()  # the worker may be gone (exit) or be this thread
+                else:
+                    self._worker.submit(action.revert).result()
+                if reason:
+                    action.detail["interrupted"] = reason
         return {"id": aid, "detail": dict(action.detail)}
 
     # -- samplers -------------------------------------------------------------------------
