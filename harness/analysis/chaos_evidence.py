@@ -249,14 +249,20 @@ def _kill_evidence(name: str, rec: Mapping[str, Any]) -> list[str]:
             f"{params.get('signal', 'the signal')} (gone = {detail.get('gone')}): the "
             "server never went down"
         )
+    out += _restart_evidence(name, params, detail)
+    return out
+
+
+def _restart_evidence(name: str, params: Mapping[str, Any], detail: Mapping[str, Any]) -> list[str]:
+    """A restart asked for (kill, terminate) must have a new process that became ready."""
     if params.get("restart", False) and (
         detail.get("new_pid") is None or detail.get("time_to_ready_s") is None
     ):
-        out.append(
+        return [
             f"{name} has no restarted process that became ready (new_pid "
             f"{detail.get('new_pid')}, time_to_ready_s {detail.get('time_to_ready_s')})"
-        )
-    return out
+        ]
+    return []
 
 
 def _terminate_evidence(name: str, rec: Mapping[str, Any]) -> list[str]:
@@ -281,13 +287,7 @@ def _terminate_evidence(name: str, rec: Mapping[str, Any]) -> list[str]:
             "the signal (a supervisor in front of it, a signal handler that swallows it) "
             "— the shutdown checks would judge a server that never shut down"
         )
-    if params.get("restart", False) and (
-        detail.get("new_pid") is None or detail.get("time_to_ready_s") is None
-    ):
-        out.append(
-            f"{name} has no restarted process that became ready (new_pid "
-            f"{detail.get('new_pid')}, time_to_ready_s {detail.get('time_to_ready_s')})"
-        )
+    out += _restart_evidence(name, params, detail)
     return out
 
 
