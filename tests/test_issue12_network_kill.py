@@ -142,7 +142,13 @@ def test_issue12_sigkill_of_locust_mid_blackhole_leaves_no_proxy(tmp_path: Path)
                 time.sleep(0.05)
             assert not _alive(proxy.pid), "the fault proxy outlived the SIGKILLed harness"
             with socket.socket() as s:
-                s.bind(("127.0.0.1", port))  # its port is free
+                # its port is free: nobody listens there. SO_REUSEADDR, as every server
+                # sets it: the connections the proxy closed as it died sit in TIME_WAIT on
+                # that port for a minute (TCP's rule, not a leftover), and only a listener
+                # still bound there would refuse this bind
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                s.listen()
         finally:
             stop(proc)
             if proxy is not None and _alive(proxy.pid):
