@@ -48,9 +48,7 @@ class NumpyMlp(Model):
         y = np.tanh(x @ self.w1) @ self.w2
         out = InferOutput(name="output", shape=list(y.shape), datatype="FP32")
         out.set_data_from_numpy(y.astype(np.float32), binary_data=False)
-        return InferResponse(
-            model_name=self.name, infer_outputs=[out], response_id=payload.id
-        )
+        return InferResponse(model_name=self.name, infer_outputs=[out], response_id=payload.id)
 
 
 if __name__ == "__main__":
