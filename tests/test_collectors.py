@@ -311,3 +311,32 @@ def test_system_sampler_sees_the_load_generator_cpu(tmp_path):
     assert header == ",".join(
         ["t", "ts", "late_s", "cpu_pct", *[f"cpu{c}_pct" for c in hot.cores], "loadgen_cpu_pct"]
     )
+
+
+def test_an_fd_closed_during_the_scan_counts_nowhere(monkeypatch):
+    """A socket closed between the /proc/PID/fd listing and its readlink (clients reconnect
+    all the time) is neither a socket nor a file the server holds: counting it in the total
+    read as a non-socket fd left behind (freeze.resource_step failed a healthy recovery)."""
+    import os
+    import socket
+
+    from harness.collectors import procfs
+
+    s = socket.socket()
+    try:
+        total, socks = procfs.scan_fds(os.getpid()) or (0, [])
+        fd = str(s.fileno())
+        real = os.readlink
+
+        def racing(path, *a, **k):
+            if path.endswith(f"/fd/{fd}"):
+                raise FileNotFoundError(path)  # closed as the scan ran
+            return real(path, *a, **k)
+
+        monkeypatch.setattr(procfs.os, "readlink", racing)
+        total2, socks2 = procfs.scan_fds(os.getpid()) or (0, [])
+    finally:
+        s.close()
+    assert len(socks2) == len(socks) - 1
+    # the non-socket count is unchanged: the vanished socket is not mistaken for a file
+    assert total2 - len(socks2) == total - len(socks)

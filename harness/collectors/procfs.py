@@ -134,13 +134,17 @@ def scan_fds(pid: int, skip: Container[str] = ()) -> tuple[int, list[int]] | Non
     try:
         with os.scandir(f"/proc/{pid}/fd") as it:
             for entry in it:
-                total += 1
                 if entry.name in skip:
+                    total += 1
                     continue
                 try:
                     link = os.readlink(entry.path)
                 except OSError:
-                    continue  # closed between the listing and the readlink
+                    # closed between the listing and the readlink: not counted at all.
+                    # Counted in the total, a socket closing as the listing ran (clients
+                    # reconnect all the time) read as a non-socket fd the server held.
+                    continue
+                total += 1
                 if link.startswith("socket:["):
                     sockets.append(int(link[8:-1]))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
