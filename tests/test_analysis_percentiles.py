@@ -121,3 +121,18 @@ def test_slo_assessment_pass_fail_insufficient() -> None:
     assert slo_assessment(slow, 10.0).verdict == "fail"
     # a few slow requests among too few samples do not fail, they are inconclusive
     assert slo_assessment(hist([2000] * 50 + [50_000] * 5), 10.0).verdict == "insufficient"
+
+
+def test_binomial_functions_equal_scipy_stats_binom():
+    """binom_cdf / binom_ppf (scipy.special, cheap to import) give scipy.stats.binom's
+    answers over the grid the checks use: n from 1 to 10^6, q at every tail they ask."""
+    from scipy.stats import binom
+
+    from harness.analysis.percentiles import binom_cdf, binom_ppf
+
+    for n in (1, 2, 7, 50, 99, 100, 101, 1000, 4321, 100_000, 1_000_000):
+        for p in (0.001, 0.01, 0.05, 0.5, 0.9, 0.95, 0.99, 0.999):
+            for q in (0.0, 1e-6, 0.005, 0.01, 0.025, 0.05, 0.5, 0.95, 0.975, 0.995, 1.0):
+                assert binom_ppf(q, n, p) == int(binom.ppf(q, n, p)), (q, n, p)
+            for k in (-1, 0, 1, n // 100, n // 2, n - 1, n, n + 1):
+                assert binom_cdf(k, n, p) == pytest.approx(float(binom.cdf(k, n, p)), abs=1e-12)

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import curve_fit
 
 
 def usl(n: np.ndarray | float, lam: float, sigma: float, kappa: float) -> np.ndarray | float:
@@ -50,6 +49,8 @@ def fit_usl(points: Mapping[int, Sequence[float]]) -> USLFit | None:
     With a single N > 1 only σ is fitted (κ = 0): one level cannot tell the two apart.
     None when there is no N > 1 or no X(1).
     """
+    from scipy.optimize import curve_fit  # here: a second to import
+
     x = medians(points)
     if 1 not in x or x[1] <= 0:
         return None

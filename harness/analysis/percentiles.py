@@ -30,7 +30,16 @@ from typing import Literal
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
-from scipy.stats import binom
+
+# The binomial functions scipy.stats.binom itself calls (Boost's, in scipy.special), without
+# the second scipy.stats takes to import — paid by every process that judges a run. A
+# scipy that moved them falls back to scipy.stats: same numbers, slower start.
+try:
+    from scipy.special._ufuncs import _binom_cdf, _binom_ppf
+except ImportError:  # pragma: no cover - depends on the installed scipy
+    from scipy.stats import binom as _binom
+
+    _binom_cdf, _binom_ppf = _binom.cdf, _binom.ppf
 
 # new_histogram is re-exported: checks build their empty histograms from here.
 from harness.analysis.hdr import (  # noqa: F401
@@ -61,6 +70,25 @@ def percentile_with_failures_ms(hist: HdrHistogram, percentile: float, failed: i
     return value_at_rank_us(hist, rank) / 1000.0
 
 
+def binom_cdf(k: float, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k): ``scipy.stats.binom.cdf``."""
+    k = math.floor(k)
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return float(_binom_cdf(k, n, p))
+
+
+def binom_ppf(q: float, n: int, p: float) -> int:
+    """The smallest k with P(Binomial(n, p) <= k) >= q: ``scipy.stats.binom.ppf``."""
+    if q <= 0.0:
+        return -1
+    if q >= 1.0:
+        return n
+    return min(max(int(_binom_ppf(q, n, p)), 0), n)
+
+
 def count_above_ms(hist: HdrHistogram, limit_ms: float) -> int:
     """How many recorded values exceed ``limit_ms`` (to HDR precision)."""
     values, cum = cumulative(hist)
@@ -83,11 +111,11 @@ def quantile_rank_ci(n: int, q: float, confidence: float) -> tuple[int | None, i
     tail = (1.0 - confidence) / 2.0
     # B = number of samples <= true quantile ~ Binomial(n, q).
     # P(X_(l) <= xi) = P(B >= l); choose l with P(B <= l - 1) <= tail.
-    lower = int(binom.ppf(tail, n, q))
-    if lower >= 1 and binom.cdf(lower - 1, n, q) > tail:
+    lower = binom_ppf(tail, n, q)
+    if lower >= 1 and binom_cdf(lower - 1, n, q) > tail:
         lower -= 1
     # P(X_(u) >= xi) = P(B <= u - 1); choose u with P(B >= u) <= tail.
-    upper = int(binom.ppf(1.0 - tail, n, q)) + 1
+    upper = binom_ppf(1.0 - tail, n, q) + 1
     return (lower if lower >= 1 else None), (upper if upper <= n else None)
 
 
@@ -131,7 +159,7 @@ def early_stopping_min_n(overs: int, q: float = 0.99, confidence: float = 0.99) 
     alpha = 1.0 - confidence
 
     def enough(n: int) -> bool:
-        return binom.cdf(overs, n, 1.0 - q) <= alpha
+        return binom_cdf(overs, n, 1.0 - q) <= alpha
 
     lo, hi = overs, max(overs + 1, 2)
     while not enough(hi):

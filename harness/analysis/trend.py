@@ -42,8 +42,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import norm, rankdata, theilslopes
-from scipy.stats import t as student_t
 
 Verdict = Literal["LEAK", "INCONCLUSIVE", "PASS", "INSUFFICIENT"]
 
@@ -110,6 +108,8 @@ def mann_kendall(y: Sequence[float]) -> tuple[float, float]:
     The variance is corrected for ties (integer thread counts tie a lot) and the normal
     approximation uses the usual continuity correction. All-tied series give p = 1.
     """
+    from scipy.stats import norm  # here: scipy.stats takes a second to import
+
     arr = np.asarray(y, dtype=float)
     n = len(arr)
     if n < 3:
@@ -148,6 +148,8 @@ def mann_kendall_hr(y: Sequence[float]) -> tuple[float, float, float]:
     by it. The factor is floored at 1: a negatively correlated series is not allowed to
     make the test more eager than the plain one.
     """
+    from scipy.stats import norm, rankdata, theilslopes
+
     arr = np.asarray(y, dtype=float)
     n = len(arr)
     if n < 3:
@@ -207,6 +209,8 @@ def walk_drift_p(yb: Sequence[float]) -> float:
     positive lag-1 correlation bucketing creates (Working 1960: 0.25 for means), so the
     variance of the mean step is widened by 1 + 2·r₁ when r₁ > 0.
     """
+    from scipy.stats import t as student_t
+
     d = np.diff(np.asarray(yb, dtype=float))
     m = len(d)
     if m < 3:
@@ -247,6 +251,8 @@ def _thin(y: np.ndarray, max_points: int) -> np.ndarray:
 
 
 def _slope_per_min(t_s: np.ndarray, y: np.ndarray) -> float | None:
+    from scipy.stats import theilslopes
+
     if len(t_s) < 3:
         return None
     return float(theilslopes(y, t_s / 60.0).slope)
@@ -259,6 +265,8 @@ def leak_test(
     variant: Literal["memory", "count"] = "memory",
 ) -> TrendResult:
     """Run the leak detector (docs/checks.md, soak.rss_trend) on one series (``t_s`` seconds, any origin)."""
+    from scipy.stats import theilslopes
+
     t = np.asarray(t_s, dtype=float)
     y = np.asarray(values, dtype=float)
     ok = np.isfinite(t) & np.isfinite(y)

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
-from scipy.stats import theilslopes
 
 from harness.analysis.trend import (
     TrendParams,
@@ -240,6 +239,8 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
 
 @implements("soak.latency_drift")
 def latency_drift(result: Mapping[str, Any], r: Result) -> Check:
+    from scipy.stats import theilslopes  # here: a second to import
+
     w = d.windows(result)
     if w is None:
         return r.skipped("no windowed latencies were recorded")
