@@ -238,6 +238,15 @@ def _unmeasured(check: dict) -> bool:
     return any(k in why for k in ("no server-side samples", "no pid", "no CPU hog ran"))
 
 
+def _failed(sc: dict) -> list[str]:
+    """Each failed check with its value, limit and detail: what an assertion must show."""
+    return [
+        f"{c['id']}={c.get('value')} (limit {c.get('threshold')}): {c.get('detail', '')[:300]}"
+        for c in sc["checks"]
+        if c["passed"] is False
+    ] + [f"invalid: {sc.get('validity')}"] * (sc["verdict"] == "invalid")
+
+
 def _verdicts(sc: dict) -> dict[str, object]:
     return {c["id"]: c["passed"] for c in sc["checks"]}
 
@@ -298,7 +307,10 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
     # failing in the other. A check one run judged and the other found inconclusive (a
     # trend on the edge of its threshold in a 45 s soak: two runs on one host differ so
     # too) is the same measurement, not a missing one.
-    assert sc2["verdict"] == sc1["verdict"], (sc1["checks"], sc2["checks"])
+    assert sc2["verdict"] == sc1["verdict"], (
+        f"one host {sc1['verdict']} (failed: {_failed(sc1)}), two hosts {sc2['verdict']} "
+        f"(failed: {_failed(sc2)})"
+    )
     c1, c2 = _verdicts(sc1), _verdicts(sc2)
     assert c1.keys() == c2.keys()
     for cid in c1:
