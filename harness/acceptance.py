@@ -23,7 +23,7 @@ from typing import Any
 
 import locustfiles
 from harness.errors import ConfigError, ExitCode, HarnessError, ResultFormatError
-from harness.finish import finish
+from harness.finish import PARENT_RENDERS_ENV, finish
 from harness.results import load_document, machine_metadata, merge_documents, new_document
 
 # The order of the delivery checklist: cheap, fresh-server scenarios first so a broken
@@ -267,7 +267,7 @@ def run_one(
     out_dir.mkdir(parents=True, exist_ok=True)
     run = ScenarioRun(name=name, out_dir=out_dir)
     log_path = out_dir / "locust.log"
-    env = {**os.environ, **plan.env, **plan.target.locust_env()}
+    env = {**os.environ, **plan.env, **plan.target.locust_env(), PARENT_RENDERS_ENV: "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             scenario_argv(plan, name, out_dir),

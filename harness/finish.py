@@ -59,18 +59,29 @@ def exit_code_for(doc: Mapping[str, Any]) -> ExitCode:
     return ExitCode.for_verdict(verdict)
 
 
-def finish(
-    out_dir: str | Path, checklist: str | Path | None = None, doc: dict[str, Any] | None = None
-) -> tuple[dict[str, Any], ExitCode]:
-    """Judge ``out_dir/results.json`` (or ``doc``), rewrite it, render the reports."""
-    from harness.report import render_all
+# Set by `harness run`/`acceptance` for the Locust process it starts: the parent judges the
+# merged document again and renders the reports once, at the top of --out, so the child
+# renders none (matplotlib's import and the plots: ~2 s a scenario).
+PARENT_RENDERS_ENV = "HARNESS_PARENT_RENDERS"
 
+
+def finish(
+    out_dir: str | Path,
+    checklist: str | Path | None = None,
+    doc: dict[str, Any] | None = None,
+    render: bool = True,
+) -> tuple[dict[str, Any], ExitCode]:
+    """Judge ``out_dir/results.json`` (or ``doc``), rewrite it, render the reports
+    (unless ``render`` is false)."""
     out = Path(out_dir)
     if doc is None:
         doc = load_document(out / "results.json")
     judge(doc, checklist)
     write_document(out / "results.json", doc)
-    render_all(doc, out)
+    if render:
+        from harness.report import render_all
+
+        render_all(doc, out)
     return doc, exit_code_for(doc)
 
 

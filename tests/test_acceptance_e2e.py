@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.acceptance import CHECKLIST
+from tests.detection_cases import share_from_acceptance
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,8 +28,9 @@ def _server_cores() -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
+    argv = [sys.executable, "-m", "harness", "acceptance", "--quick", "--out", str(tmp_path)]
     r = subprocess.run(
-        [sys.executable, "-m", "harness", "acceptance", "--quick", "--out", str(tmp_path)],
+        argv,
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -63,3 +65,5 @@ def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
     assert "pinned for the scenarios after it" in r.stderr  # the live progress stream
     for name in ("report.html", "junit.xml", "summary.md"):
         assert (tmp_path / name).stat().st_size > 0
+    # the detection matrix's healthy steady-state case, judged there (tests/test_detection.py)
+    share_from_acceptance(doc, str(tmp_path / "steady_state"), argv)

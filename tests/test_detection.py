@@ -27,6 +27,7 @@ from tests.detection_cases import (
     CAPACITY_CASE,
     CASES,
     NOT_PLANTABLE,
+    SHARED_RUNS,
     CaseRun,
     capacity_of,
     judge,
@@ -76,6 +77,8 @@ def test_every_fault_switch_has_a_case() -> None:
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
     case = BY_NAME[CAPACITY_CASE]
+    if CAPACITY_CASE in SHARED_RUNS and not os.environ.get("HARNESS_DETECTION_OUT"):
+        return SHARED_RUNS[CAPACITY_CASE]  # the quick checklist's steady_state, this session
     return _run_case(case, _out_dir(tmp_path_factory, case.name), None, cwd=str(ROOT))
 
 
@@ -84,9 +87,29 @@ def server_help() -> str:
     return _known_faults()
 
 
+# The generalisation rows (a defect shape the checks were not tuned on) fail a check another
+# case already fails in every CI run; they are proven with the rest by
+# bench/detection_repeat.py (3 runs each way, docs/detection-repeated.md) and run here with
+# HARNESS_DETECTION_ALL=1 — two minutes of CI spent on checks other rows already cover.
+_GENERALISATION_IN_CI = os.environ.get("HARNESS_DETECTION_ALL") == "1"
+
+
+def _param(case):
+    if case.generalisation and not _GENERALISATION_IN_CI:
+        return pytest.param(
+            case,
+            id=case.name,
+            marks=pytest.mark.skip(
+                reason=f"generalisation row of {', '.join(case.intended)} (another case fails "
+                "it in CI): bench/detection_repeat.py proves it; HARNESS_DETECTION_ALL=1 runs it"
+            ),
+        )
+    return pytest.param(case, id=case.name)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_detection(
     case, healthy_run: CaseRun, server_help: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

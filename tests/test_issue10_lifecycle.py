@@ -221,16 +221,28 @@ def test_final_report_and_finish_messages_round_trip() -> None:
         assert FinalMessage.from_wire(over_locust_wire(FinalMessage.NAME, final.to_wire())) == final
     report = ReportMessage(delta, 0.25)
     assert ReportMessage.from_wire(over_locust_wire("stats", report.to_wire())) == report
+    conns = {"host": "b/net:[1]", "pid": 7, "sent": 100.0, "readings": [[99.0, 3], [100.0, 4]]}
+    report = ReportMessage(delta, 0.25, conns)
+    assert ReportMessage.from_wire(over_locust_wire("stats", report.to_wire())) == report
     assert FinishMessage.from_wire(over_locust_wire(FinishMessage.NAME, None)) == FinishMessage()
 
 
 @pytest.mark.parametrize(
     ("cls", "payload", "says"),
     [
-        (FinalMessage, {"recording": None, "cpu_s": None}, "missing ['error']"),
-        (FinalMessage, {"recording": None, "cpu_s": None, "error": None, "x": 1}, "unknown ['x']"),
+        (FinalMessage, {"recording": None, "cpu_s": None, "conns": None}, "missing ['error']"),
+        (
+            FinalMessage,
+            {"recording": None, "cpu_s": None, "error": None, "conns": None, "x": 1},
+            "unknown ['x']",
+        ),
+        (
+            FinalMessage,
+            {"recording": None, "cpu_s": None, "error": None, "conns": {"host": "h"}},
+            "[time, count] readings",
+        ),
         (FinalMessage, [1, 2], "list payload"),
-        (ReportMessage, {"recording": "abc", "cpu_s": 1.0}, "str recording"),
+        (ReportMessage, {"recording": "abc", "cpu_s": 1.0, "conns": None}, "str recording"),
         (ErrorInfo, {"code": 99, "kind": "X", "message": "m"}, "code 99"),
         (FinishMessage, {"now": True}, "it has no fields"),
     ],

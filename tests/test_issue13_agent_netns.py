@@ -277,6 +277,19 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
     server = sc2["server"]
     assert server is not None and server["pid"] == hosts.server.pid, tail
     assert len(server["series"]["rss_bytes"]) >= 20, tail
+    # the harness's own connections to the server, in both runs: the worker is in no
+    # sampled process tree (and across the link the agent sees no process of ours), so
+    # they are the worker's own counts — never left in the server's socket count, where
+    # the soak's socket-leak test would judge a growing keep-alive pool as the server's
+    for sc in (sc1, sc2):
+        ser = sc["server"]["series"]
+        mid = slice(len(ser["t"]) // 4, 3 * len(ser["t"]) // 4)  # under load
+        conns, socks = ser["client_conns"][mid], ser["socket_fds"][mid]
+        assert all(c is not None for c in conns), ser["client_conns"]
+        assert sorted(conns)[len(conns) // 2] >= 0.5 * sorted(socks)[len(socks) // 2], (
+            conns,
+            socks,
+        )
     # the generator's CPU, measured on the load host (the master's tree), on the agent's
     # ticks: generator saturation is judged as on one host
     assert any(v is not None for v in sc2["system"]["series"]["loadgen_cpu_pct"]), tail

@@ -262,18 +262,27 @@ class HarnessState:
         self._record_error(ErrorInfo.from_exception(exc))
         self._abort()
 
-    def merge(self, source: str, recording: Mapping[str, Any], cpu_s: float | None) -> None:
-        """Add a load process's recording delta (while the run's recordings are open)."""
+    def merge(
+        self,
+        source: str,
+        recording: Mapping[str, Any],
+        cpu_s: float | None,
+        conns: Mapping[str, Any] | None = None,
+        final: bool = False,
+    ) -> None:
+        """Add a load process's recording delta (while the run's recordings are open) and
+        its own connection counts (``final``: its last)."""
         if self.lifecycle.state in COLLECTING:
             self.aggregate.merge(recording, source)
             self.cpu_by_source[source] = float(cpu_s or 0.0)
+            self.tasks.own_conns.add(source, conns, final=final)
 
     def _local_reports(self) -> None:
         while self._collecting():
             gevent.sleep(REPORT_EVERY_S)
             report = self.load.report() if self._collecting() else None
             if report is not None:
-                self.merge(LOCAL, report.recording, report.cpu_s)
+                self.merge(LOCAL, report.recording, report.cpu_s, report.conns)
 
     def _write_periodically(self) -> None:
         while self._collecting():
@@ -339,7 +348,7 @@ class HarnessState:
         except WireFormatError as exc:
             self._worker_failed(ErrorInfo.from_exception(exc))
             return
-        self.merge(client_id, report.recording, report.cpu_s)
+        self.merge(client_id, report.recording, report.cpu_s, report.conns)
 
     def on_final(self, client_id: str, data: Any) -> None:
         """Master: a worker's ``harness_final`` — its last delta, or its error's code."""
@@ -350,7 +359,7 @@ class HarnessState:
         if final.error is not None:
             self._worker_failed(final.error)
         elif final.recording is not None:
-            self.merge(client_id, final.recording, final.cpu_s)
+            self.merge(client_id, final.recording, final.cpu_s, final.conns, final=True)
         self.finals.got(client_id)
 
     def _worker_failed(self, info: ErrorInfo) -> None:

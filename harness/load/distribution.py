@@ -29,6 +29,7 @@ from harness.errors import HarnessError, TargetUnavailable
 from harness.load import http, target
 from harness.load.lifecycle import Lifecycle, RunState
 from harness.load.options import Options, scenario_for
+from harness.load.own_conns import ConnCounter
 from harness.load.recording import Recording
 from harness.load.scenario import Scenario
 from harness.load.users import Engine, Plan
@@ -118,6 +119,26 @@ class LoadProcess:
         self.engine: Engine | None = None
         self.engine_ready = gevent.event.Event()
         self._cpu_at_plan = 0.0
+        self.conns: ConnCounter | None = None
+        self._conns_loop: gevent.Greenlet | None = None
+
+    def _count_conns(self, base_url: str) -> None:
+        """Count this process's own connections to the server from now on (one counter
+        per plan; harness.load.own_conns says why)."""
+        if self._conns_loop is not None:
+            self._conns_loop.kill(block=False)
+        self.conns = ConnCounter(base_url)
+        self._conns_loop = gevent.spawn(self.conns.run, gevent.sleep)
+
+    def drain_conns(self, final: bool = False) -> dict[str, Any] | None:
+        """The connection counts since the last drain; ``final`` stops the counting."""
+        if self.conns is None:
+            return None
+        if final and self._conns_loop is not None:
+            self._conns_loop.kill(block=False)
+            self._conns_loop = None
+            self.conns.poll()  # the count as the load stops
+        return self.conns.drain()
 
     def wait_engine(self, timeout: float = 60.0) -> Engine:
         if not self.engine_ready.wait(timeout) or self.engine is None:
@@ -150,6 +171,7 @@ class LoadProcess:
             self.engine.close()
         self._cpu_at_plan = target.cpu_s()
         http.configure(http.client_for(plan.base_url, self.opts))  # headers, TLS
+        self._count_conns(plan.base_url)
         load = self.scenario.load
         self.engine = Engine(
             self.scenario,
@@ -166,7 +188,9 @@ class LoadProcess:
         e = self.engine
         if e is None or e.recording.closed:
             return None
-        return ReportMessage(e.recording.drain(e.now()), target.cpu_s() - self._cpu_at_plan)
+        return ReportMessage(
+            e.recording.drain(e.now()), target.cpu_s() - self._cpu_at_plan, self.drain_conns()
+        )
 
     def final(self) -> FinalMessage:
         """Stop scheduling, wait for the requests out, drain the rest and close."""
@@ -179,8 +203,9 @@ class LoadProcess:
             log.warning("harness: %d requests still in flight after %.1f s", left, grace)
         delta = e.recording.drain(e.now(), final=True)
         cpu_s = target.cpu_s() - self._cpu_at_plan
+        conns = self.drain_conns(final=True)
         e.close()
-        return FinalMessage(recording=delta, cpu_s=cpu_s)
+        return FinalMessage(recording=delta, cpu_s=cpu_s, conns=conns)
 
     def send_final(self) -> None:
         """Worker (at test_stop or on ``harness_finish``): send the final report once."""

@@ -40,7 +40,7 @@ def finish_run(state: HarnessState) -> Path:
     else:
         final = state.load.final()
         if final.recording is not None:
-            state.merge(LOCAL, final.recording, final.cpu_s)
+            state.merge(LOCAL, final.recording, final.cpu_s, final.conns, final=True)
     state.lifecycle.advance(RunState.WRITING)
     state.ended_unix = time.time()
     samples = state.tasks.stop(state.out_dir / "samples")

@@ -12,6 +12,7 @@ the workers with Locust's own option forwarding.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -22,7 +23,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
 from harness.errors import ExitCode, HarnessError
-from harness.finish import finish, verdict_line
+from harness.finish import PARENT_RENDERS_ENV, finish, verdict_line
 from harness.load.controller import JUDGE_TIMEOUT_S, HarnessState
 from harness.load.finalisation import FINALS_GRACE_S
 from harness.load.options import add_options, options_from
@@ -157,7 +158,8 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         return
     try:
         # The same judging as `harness acceptance`: checks, validity, reports, exit code.
-        doc, code = finish(state.out_dir, state.opts.checklist)
+        parent_renders = os.environ.get(PARENT_RENDERS_ENV) == "1"
+        doc, code = finish(state.out_dir, state.opts.checklist, render=not parent_renders)
     except HarnessError as exc:
         log.error("harness: %s", exc)
         environment.process_exit_code = exc.exit_code
@@ -172,7 +174,7 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         "harness: %s (exit %d) — %s",
         verdict_line(doc),
         code,
-        state.out_dir / "report.html",
+        state.out_dir / ("results.json" if parent_renders else "report.html"),
     )
     state.judged()
     environment.process_exit_code = int(code)

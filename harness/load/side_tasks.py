@@ -16,6 +16,7 @@ import gevent
 
 from harness.chaos import proxy
 from harness.load import target
+from harness.load.own_conns import OwnConns
 from harness.load.scenario import Scenario
 from harness.load.sut_control import SutControl
 
@@ -36,6 +37,8 @@ class SideTasks:
         self.greenlets: list[gevent.Greenlet] = []
         # on a master: the workers' own CPU from their heartbeats (harness.load.workers_cpu)
         self.workers_cpu: Any = None
+        # every load process's own connections to the server (harness.load.own_conns)
+        self.own_conns = OwnConns()
 
     def start_sampler(self, sut: SutControl, samples_dir: Path, metrics_url: str) -> None:
         """``harness sample`` on the server; it follows the pid file SutProcess rewrites on
@@ -91,6 +94,9 @@ class SideTasks:
             g.kill(block=False)
         if self.timeline is not None:
             self.timeline.stop()
+        # the load went through the fault proxy (a process of this tree, which the sampler
+        # matches): the server's connections are the proxy's, not the load processes'
+        via_proxy = proxy.current() is not None
         proxy.stop_current()  # after the timeline: its network events read the proxy at revert
         remote, self.remote_sampler = self.remote_sampler, None
         if remote is not None:
@@ -100,6 +106,9 @@ class SideTasks:
             samples = target.stop_sampler(proc, samples_dir)
         if self.workers_cpu is not None:
             self.workers_cpu.add_to(samples)
+        # after the workers' entries: a worker the sampler measured is one it matched
+        if not via_proxy:
+            self.own_conns.add_to(samples, sampler_local=remote is None)
         return samples
 
     def shutdown(self, samples_dir: Path) -> None:

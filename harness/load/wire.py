@@ -153,14 +153,20 @@ class ReportMessage:
 
     recording: Mapping[str, Any]
     cpu_s: float
+    # its own connections to the server since the last report (harness.load.own_conns)
+    conns: Mapping[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"recording": dict(self.recording), "cpu_s": self.cpu_s}
+        return {"recording": dict(self.recording), "cpu_s": self.cpu_s, "conns": self.conns}
 
     @classmethod
     def from_wire(cls, data: Any) -> ReportMessage:
         d = _check_fields("report_to_master harness", data, _names(cls))
-        return cls(_recording(d["recording"], "report_to_master"), float(d["cpu_s"]))
+        return cls(
+            _recording(d["recording"], "report_to_master"),
+            float(d["cpu_s"]),
+            _conns(d["conns"], "report_to_master"),
+        )
 
 
 @dataclass(frozen=True)
@@ -173,12 +179,14 @@ class FinalMessage:
     recording: Mapping[str, Any] | None = None
     cpu_s: float | None = None
     error: ErrorInfo | None = None
+    conns: Mapping[str, Any] | None = None  # the last of its own connection counts
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "recording": dict(self.recording) if self.recording is not None else None,
             "cpu_s": self.cpu_s,
             "error": self.error.to_wire() if self.error is not None else None,
+            "conns": self.conns,
         }
 
     @classmethod
@@ -189,7 +197,26 @@ class FinalMessage:
             recording=_recording(rec, cls.NAME) if rec is not None else None,
             cpu_s=float(d["cpu_s"]) if d["cpu_s"] is not None else None,
             error=ErrorInfo.from_wire(d["error"]) if d["error"] is not None else None,
+            conns=_conns(d["conns"], cls.NAME),
         )
+
+
+def _conns(data: Any, message: str) -> Mapping[str, Any] | None:
+    """``ConnCounter.drain``'s form: who counted, its clock, [unix time, count] pairs."""
+    if data is None:
+        return None
+    ok = (
+        isinstance(data, Mapping)
+        and {"host", "pid", "sent", "readings"} <= data.keys()
+        and isinstance(data["readings"], list)
+        and all(isinstance(r, list | tuple) and len(r) == 2 for r in data["readings"])
+    )
+    if not ok:
+        raise WireFormatError(
+            f"{message} message has conns {str(data)[:80]!r}; expected host, pid, sent and "
+            f"[time, count] readings. Run the same harness version on the master and every worker"
+        )
+    return data
 
 
 def _recording(data: Any, message: str) -> Mapping[str, Any]:

@@ -16,12 +16,37 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # a heartbeat reading stands for a tick within this many seconds of it (heartbeats come
 # every second; a worker that stopped sending leaves its ticks empty, never carried on)
 ALIGN_S = 1.0
+
+
+def on_ticks(
+    times: Sequence[float],
+    values: Sequence[Any],
+    started_unix: float | None,
+    t: Sequence[float | None],
+    within_s: float = ALIGN_S,
+) -> list[Any]:
+    """``values`` (read at unix ``times``, ascending) on a sampler's ticks ``t`` (seconds
+    from ``started_unix``): per tick the reading nearest it, None when none is within
+    ``within_s`` (a process that stopped reporting leaves its ticks empty, never carried on)."""
+    out: list[Any] = [None] * len(t)
+    if started_unix is None or not times:
+        return out
+    for i, ti in enumerate(t):
+        if ti is None:
+            continue
+        when = float(started_unix) + float(ti)
+        j = bisect.bisect_left(times, when)
+        near = [k for k in (j - 1, j) if 0 <= k < len(times)]
+        k = min(near, key=lambda n: abs(times[n] - when))
+        if abs(times[k] - when) <= within_s:
+            out[i] = values[k]
+    return out
 
 
 class WorkerCpu:
@@ -52,26 +77,14 @@ class WorkerCpu:
     def entries(self, system: dict[str, Any]) -> list[dict[str, Any]]:
         """One ``loadgen_processes`` entry per worker, aligned with ``system``'s ticks by
         wall clock (``started_unix + t``); ticks without a heartbeat near them are None."""
-        started = system.get("started_unix")
         t = list((system.get("series") or {}).get("t") or [])
-        if started is None or not t:
-            return []
         out = []
         for wid, rows in sorted(self.readings.items()):
-            times = [r[0] for r in rows]
-            cpu: list[float | None] = [None] * len(t)
-            rss: list[int | None] = [None] * len(t)
-            for i, ti in enumerate(t):
-                if ti is None:
-                    continue
-                when = float(started) + float(ti)
-                j = bisect.bisect_left(times, when)
-                near = [k for k in (j - 1, j) if 0 <= k < len(times)]
-                if not near:
-                    continue
-                k = min(near, key=lambda n: abs(times[n] - when))
-                if abs(times[k] - when) <= ALIGN_S:
-                    cpu[i], rss[i] = rows[k][1], rows[k][2]
+            at = on_ticks(
+                [r[0] for r in rows], list(range(len(rows))), system.get("started_unix"), t
+            )
+            cpu = [None if k is None else rows[k][1] for k in at]
+            rss = [None if k is None else rows[k][2] for k in at]
             if any(v is not None for v in cpu):
                 out.append(
                     {

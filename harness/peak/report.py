@@ -207,7 +207,12 @@ def peak_markdown(doc: Mapping[str, Any]) -> str:
     bad = _invalid(peak)
     if bad:
         lines += ["", "## Invalid points", "", *bad]
-    lines += ["", "Every point's own results: `points/point_NN/` (summary.md, report.html).", ""]
+    lines += [
+        "",
+        "Every point's own results: `points/point_NN/results.json` "
+        "(`harness report points/point_NN` renders its report).",
+        "",
+    ]
     return "\n".join(lines)
 
 
