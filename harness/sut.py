@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -112,12 +113,30 @@ def _poll_ready(url: str, timeout_s: float) -> bool:
         return False
 
 
+def write_pid_file(path: Path, pid: int) -> None:
+    """Replace ``path`` with ``pid`` atomically (``harness sample --pid-file`` follows it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
+
+
 class AttachedSut:
-    """A server the user started; we watch it by pid but never start or stop it."""
+    """A server the user started; we watch it by pid but never start or stop it.
 
-    can_restart = False
+    When it is killed (crash_restart), its supervisor — systemd's ``Restart=``, Kubernetes,
+    a restart loop — starts it again: ``restart`` waits for a new process listening on the
+    server's port that answers ready, and follows it (``pid``, and ``pid_file`` for the
+    sampler). Nothing restarting it within the timeout is an error naming that.
+    """
 
-    def __init__(self, pid: int, url: str | None = None) -> None:
+    can_restart = False  # the harness cannot start it
+
+    @property
+    def waits_for_supervisor(self) -> bool:
+        """A kill with restart waits for its supervisor: needs its URL (ready, port)."""
+        return self.url is not None
+
+    def __init__(self, pid: int, url: str | None = None, pid_file: Path | None = None) -> None:
         if not psutil.pid_exists(pid):
             raise TargetUnavailable(
                 f"--sut-pid has value {pid}: no such process. Give the pid of the running server"
@@ -125,6 +144,13 @@ class AttachedSut:
         self.pid = pid
         self.url = url
         self.cmd = " ".join(psutil.Process(pid).cmdline())
+        self.pid_file = pid_file
+        self._write_pid()
+        self.ready_after_s: float | None = None  # the supervisor's new process: start → ready
+
+    def _write_pid(self) -> None:
+        if self.pid_file is not None:
+            write_pid_file(self.pid_file, self.pid)
 
     @property
     def cores(self) -> tuple[int, ...]:
@@ -136,10 +162,68 @@ class AttachedSut:
     def alive(self) -> bool:
         return bool(tree_pids(self.pid))
 
+    def restart(self, ready_timeout: float = 60.0, poll_s: float = 0.05) -> float:
+        """Wait for the supervisor's new server (another pid listening on the port, ready);
+        follow it. Seconds waited."""
+        if self.url is None:
+            raise TargetUnavailable("the attached server has no URL: cannot wait for its restart")
+        port = urllib.parse.urlsplit(self.url).port or 80
+        old, t0 = self.pid, time.monotonic()
+        deadline = t0 + ready_timeout
+        while time.monotonic() < deadline:
+            pid = listener_pid(port)
+            if pid is not None and pid != old and _poll_ready(self.url + READY_PATH, 1.0):
+                self.pid = pid
+                self.ready_after_s = process_age_s(pid)
+                with contextlib.suppress(psutil.Error):
+                    self.cmd = " ".join(psutil.Process(pid).cmdline())
+                self._write_pid()
+                return time.monotonic() - t0
+            time.sleep(poll_s)
+        raise TargetUnavailable(
+            f"nothing restarted the server on port {port} within {ready_timeout:.0f} s of the "
+            "kill. A server attached by --sut-pid is restarted by its supervisor (systemd "
+            "Restart=, Kubernetes, a restart loop); without one, set restart = false or use "
+            "--sut-cmd"
+        )
 
-def attach(pid: int, url: str | None = None) -> AttachedSut:
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """After ``restart``: seconds from the new process's start to ready (the server's own
+        start, not the supervisor's delay before it), as SutProcess reports its restart."""
+        return self.ready_after_s or 0.0
+
+
+def process_age_s(pid: int) -> float | None:
+    """Seconds since ``pid`` started, to the clock tick: its start and the uptime are both
+    counted from boot (psutil's create_time adds a boot time rounded to the second)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` on this host (of a pre-forked server's
+    listeners, the one whose parent does not listen there too); None when none does."""
+    pids = set()
+    with contextlib.suppress(psutil.Error, OSError):
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                pids.add(c.pid)
+    for pid in sorted(pids):
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).ppid() not in pids:
+                return pid
+    return min(pids) if pids else None
+
+
+def attach(pid: int, url: str | None = None, pid_file: Path | None = None) -> AttachedSut:
     """Watch a server the user started (``--sut-pid``)."""
-    return AttachedSut(pid, url)
+    return AttachedSut(pid, url, pid_file)
 
 
 class SutProcess:
@@ -253,9 +337,7 @@ class SutProcess:
             ) from None
         self.spawned_at = self._clock()
         if self.pid_file is not None:
-            tmp = self.pid_file.with_name(self.pid_file.name + ".tmp")
-            tmp.write_text(f"{self._popen.pid}\n")
-            os.replace(tmp, self.pid_file)
+            write_pid_file(self.pid_file, self._popen.pid)
         return self
 
     def tail(self, lines: int = 20) -> str:

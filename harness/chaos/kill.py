@@ -38,7 +38,8 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 class KillRestart(Action):
     """Send ``signal`` to the SUT; after ``duration_s`` restart it and wait until ready.
 
-    Needs a SUT the harness started (``SutProcess``): an attached one cannot be restarted.
+    A SUT the harness started (``SutProcess``) is started again here; an attached one
+    (``AttachedSut``) is started again by its supervisor, and the revert waits for it.
     ``on_restart(new_pid)`` lets the caller re-point its sampler.
     """
 
@@ -59,7 +60,8 @@ class KillRestart(Action):
         super().__init__(duration_s)
         if signal_name not in SIGNALS:
             raise ConfigError(f"kill.signal has value {signal_name!r}. Valid: {', '.join(SIGNALS)}")
-        if restart and not getattr(target, "can_restart", False):
+        supervised = getattr(target, "waits_for_supervisor", False)
+        if restart and not getattr(target, "can_restart", False) and not supervised:
             raise ConfigError(
                 "kill.restart is true but the SUT was attached by pid (--sut-pid): the harness "
                 "cannot restart it. Start it with --sut-cmd, or set restart = false"
@@ -107,7 +109,13 @@ class KillRestart(Action):
         if not self.restart:
             return
         restart = self.target.restart  # type: ignore[attr-defined]
-        restart()
+        if getattr(self.target, "can_restart", False):
+            restart()
+        else:
+            # attached (--sut-pid): its supervisor starts it again; wait for that and follow
+            # the new process (a timeout raises: the record says nothing restarted it)
+            self.detail["restarted_by"] = "supervisor"
+            self.detail["supervisor_wait_s"] = round(restart(ready_timeout=self.ready_timeout_s), 4)
         new_pid = self.target.pid
         self.detail["new_pid"] = new_pid
         if self.on_restart is not None:

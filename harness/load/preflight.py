@@ -111,10 +111,22 @@ def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
         for e in scenario.chaos
         if e.action in ("kill", "terminate") and e.params.get("restart", True)
     ]
-    if restarts and not facts.sut_cmd and not facts.agent_restarts:
+    # a killed server attached by pid on this host comes back through its supervisor, which
+    # the harness waits for; a terminated one is judged on its exit code, which only its
+    # parent (the harness, with --sut-cmd) can read
+    supervised = facts.sut_pid is not None and facts.remote_cores is None  # no --agent
+    unsupported = [a for a in restarts if a == "terminate" or not supervised]
+    if unsupported and not facts.sut_cmd and not facts.agent_restarts:
+        if unsupported[0] == "terminate":
+            return (
+                "its terminate event judges the server's exit code and restarts it, which "
+                "needs a server the harness starts (--sut-cmd): only a process's parent reads "
+                "its exit code"
+            )
         return (
-            f"its {restarts[0]} event restarts the server, which needs a server the harness "
-            "starts (--sut-cmd): an attached one is not the harness's to restart"
+            f"its {unsupported[0]} event restarts the server, which needs a server the harness "
+            "starts (--sut-cmd), or one attached by --sut-pid on this host whose supervisor "
+            "restarts it"
         )
     signalled = [e.action for e in scenario.chaos if e.action in ("pause", "kill", "terminate")]
     if signalled and not facts.sut_cmd and facts.sut_pid is None:

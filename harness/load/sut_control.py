@@ -127,7 +127,8 @@ class SutControl:
             new.start()
             return new.wait_ready(timeout=o.ready_timeout_s)
         if o.sut_pid is not None and self.handle is None:
-            self.handle = sut.attach(o.sut_pid, base_url())
+            # its pid file: a supervisor's restart after kill chaos is followed by the sampler
+            self.handle = sut.attach(o.sut_pid, base_url(), self.pid_file())
         return None
 
     def restart_fresh(self) -> float | None:
