@@ -371,6 +371,8 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
             return _fail("rejected", "draining", 503, "server exiting: draining after SIGTERM")
         if state.faults.refuse_cold():
             return _fail("rejected", "not_ready", 503, f"model {name!r} is not loaded yet")
+        if state.faults.breaker_open():
+            return _fail("rejected", "breaker_open", 503, "circuit breaker open; retry later")
         state.faults.on_request()
         try:
             fut = state.batcher.submit(req.rows, req.level, req.timeout_s)

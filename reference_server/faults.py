@@ -99,11 +99,15 @@ is a shared request decoder guarded by one process-wide lock that is taken *befo
 body is read instead of after: the lock is held across the wait for the client's bytes,
 so one slow client (its body trickling in over a slow link) stalls every other request's
 decode behind it, while the server's own queue and compute time stay as they were.
+``reset-breaker`` is resilience middleware that counts a client's connection reset
+(ECONNRESET) as a backend failure: 20 within 5 s open its circuit breaker, and for OPEN_S
+(default 15 s) every inference is answered 503 — long after the network is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import math
@@ -116,6 +120,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from reference_server.errors import ConfigError
+
+# reset-breaker: this many client resets within BREAKER_SPAN_S open the breaker
+BREAKER_RESETS = 20
+BREAKER_SPAN_S = 5.0
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,6 +155,7 @@ FAULT_NAMES = (
     "exit-hang",
     "reset-leak",
     "io-lock",
+    "reset-breaker",
 )
 
 FAULT_HELP = (
@@ -164,7 +173,9 @@ FAULT_HELP = (
     "requests), stall-respawn[:GAP_S=1] (a stall starts a new worker pool, the old one "
     "left running), no-drain (SIGTERM exits at once), exit-hang (a non-daemon thread keeps the "
     "process alive after the drain), reset-leak (a socket leaked per client reset), io-lock "
-    "(a global lock held across reading the request body); details in reference_server/faults.py"
+    "(a global lock held across reading the request body), reset-breaker[:OPEN_S=15] (a circuit "
+    "breaker tripped by client connection resets, answering 503 for OPEN_S); details in "
+    "reference_server/faults.py"
 )
 
 
@@ -195,6 +206,7 @@ class FaultSet:
     exit_hang: bool = False  # a non-daemon thread keeps the process alive after the drain
     reset_leak: bool = False  # one socket leaked per client connection reset
     io_lock: bool = False  # one lock held across reading every request body
+    reset_breaker_open_s: float | None = None  # resets trip a breaker open for OPEN_S
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults (in field order)."""
@@ -245,6 +257,7 @@ _ONE_NUMBER: dict[str, tuple[str, str, type, float, float | None, str]] = {
     "slowdown": ("slowdown_ms_per_min", "20", float, 0.0, None, "MS_PER_MIN with MS_PER_MIN >= 0"),
     "cold-errors": ("cold_errors", "10", int, 1, None, "N_REQUESTS, N >= 1"),
     "stall-trip": ("stall_trip_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
+    "reset-breaker": ("reset_breaker_open_s", "15", float, 0.1, None, "OPEN_S with OPEN_S >= 0.1"),
     "stall-abandon": ("stall_abandon_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "stall-respawn": ("stall_respawn_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "backoff-batching": (
@@ -362,6 +375,9 @@ class FaultRuntime:
         self._park = threading.Event()  # never set: parked threads wait forever
         self._stop = threading.Event()
         self.reset_leaked = 0  # reset-leak: sockets forgotten so far
+        self._resets: collections.deque[float] = collections.deque()  # reset-breaker
+        self.breaker_until = 0.0  # reset-breaker: open (503) until this time (self.now)
+        self.breaker_trips = 0
         self._io_lock: asyncio.Lock | None = None
         self._stall_thread: threading.Thread | None = None
         self.tripped = False  # stall-trip: the degraded mode is on
@@ -572,19 +588,23 @@ class FaultRuntime:
             self._hang_thread.start()
 
     def http_protocol(self, base: type) -> type:
-        """reset-leak: uvicorn's HTTP protocol class with the leaking per-connection
-        bookkeeping (``base`` unchanged without the fault)."""
-        if not self.faults.reset_leak:
+        """reset-leak, reset-breaker: uvicorn's HTTP protocol class with the leaking
+        per-connection bookkeeping / the breaker that counts resets (``base`` unchanged
+        without them)."""
+        if not (self.faults.reset_leak or self.faults.reset_breaker_open_s):
             return base
         runtime = self
+        leak = self.faults.reset_leak
 
         class ResetLeakProtocol(base):  # type: ignore[valid-type, misc]
             def connection_made(self, transport):  # type: ignore[no-untyped-def]
                 sock = transport.get_extra_info("socket")
-                self._info_fd = os.dup(sock.fileno()) if sock is not None else None
+                self._info_fd = os.dup(sock.fileno()) if sock is not None and leak else None
                 super().connection_made(transport)
 
             def connection_lost(self, exc):  # type: ignore[no-untyped-def]
+                if exc is not None:
+                    runtime.on_reset()
                 fd, self._info_fd = self._info_fd, None
                 if fd is not None:
                     if exc is None:
@@ -595,6 +615,27 @@ class FaultRuntime:
                 super().connection_lost(exc)
 
         return ResetLeakProtocol
+
+    def on_reset(self) -> None:
+        """reset-breaker: a client connection ended in an error (ECONNRESET). The breaker
+        takes it for a backend failure: BREAKER_RESETS of them within BREAKER_SPAN_S open it
+        for OPEN_S, every inference answered 503 meanwhile."""
+        open_s = self.faults.reset_breaker_open_s
+        if open_s is None:
+            return
+        now = self._now()
+        self._resets.append(now)
+        while self._resets and self._resets[0] < now - BREAKER_SPAN_S:
+            self._resets.popleft()
+        if len(self._resets) >= BREAKER_RESETS:
+            if now >= self.breaker_until:
+                self.breaker_trips += 1
+            self.breaker_until = now + open_s
+            self._resets.clear()
+
+    def breaker_open(self) -> bool:
+        """reset-breaker: refuse this request (503) — the breaker is open."""
+        return self.faults.reset_breaker_open_s is not None and self._now() < self.breaker_until
 
     def io_lock(self) -> asyncio.Lock | None:
         """io-lock: the one lock every request holds while its body is read (None

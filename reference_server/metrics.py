@@ -38,6 +38,7 @@ REASONS = {
         "not_found",
         "too_large",
         "disconnected",
+        "breaker_open",
     ),
     "failed": ("model_error",),
 }

@@ -70,7 +70,7 @@ EXPECTED_CHECKS = {
     },
     "linearity": {"linearity.efficiency"},
     "integrity": {"integrity.mismatches"},
-    "network": {"network.latency_amplification", "network.leaks"},
+    "network": {"network.latency_amplification", "network.leaks", "network.recovery_s"},
     "freeze": {"freeze.recovery_s", "freeze.unanswered", "freeze.resource_step"},
     "crash_restart": {"crash.recovery_s", "crash.errors_after_ready", "crash.cold_penalty"},
     "rolling_shutdown": {"shutdown.lost", "shutdown.exit_s"},

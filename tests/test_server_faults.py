@@ -465,3 +465,29 @@ def test_slowdown_makes_later_requests_slower() -> None:
     last = answers[-1]
     assert last.seconds > 0.9 * (last.start - answers[0].start) * per_min / 60_000
     assert late > 3 * early, (early, late, len(answers))
+
+
+def test_reset_breaker_opens_on_a_burst_of_resets_and_stays_open_its_time():
+    """reset-breaker: 20 client resets within 5 s open the breaker (every inference 503)
+    for OPEN_S after the last trip; resets spread thinner never trip it."""
+    from reference_server.errors import ConfigError
+    from reference_server.faults import BREAKER_RESETS, FaultRuntime, parse_faults
+
+    assert parse_faults(["reset-breaker"]).reset_breaker_open_s == 15.0
+    assert parse_faults(["reset-breaker:2.5"]).names() == ["reset-breaker:2.5"]
+    with pytest.raises(ConfigError, match="OPEN_S"):
+        parse_faults(["reset-breaker:0"])
+    now = [0.0]
+    rt = FaultRuntime(parse_faults(["reset-breaker:15"]), now=lambda: now[0])
+    for _ in range(BREAKER_RESETS):  # one every 0.3 s: 20 span 5.7 s, never 20 within 5
+        rt.on_reset()
+        now[0] += 0.3
+    assert not rt.breaker_open() and rt.breaker_trips == 0
+    for _ in range(BREAKER_RESETS):  # a burst
+        rt.on_reset()
+    assert rt.breaker_open() and rt.breaker_trips == 1
+    now[0] += 14.9
+    assert rt.breaker_open()
+    now[0] += 0.2
+    assert not rt.breaker_open()
+    assert not FaultRuntime(parse_faults([])).breaker_open()  # healthy: never

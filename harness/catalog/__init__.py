@@ -379,6 +379,18 @@ CATALOG = Catalog(
             scenarios=("network",),
         ),
         CheckDecl(
+            "network.recovery_s",
+            unit="s",
+            op="<=",
+            # quick mode leaves ~11 s after the blackhole: 5 s + 3 s held fits in it
+            defaults={**RECOVERY_DEFAULTS, "threshold": 5.0, "hold_s": 3.0, "settle_s": 3.0},
+            summary="time after the last blackhole or reset until p99 and error rate are "
+            "back within the bands of the clean stretches before the faults",
+            passes_when="p99 and error rate back within their baseline bands ≤ {threshold} s "
+            "after the last connection-breaking fault ends",
+            scenarios=("network",),
+        ),
+        CheckDecl(
             "network.leaks",
             unit="count",
             op="<=",

@@ -8,6 +8,7 @@ makes the run invalid before any check is judged (``harness.analysis.chaos_evide
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -249,3 +250,40 @@ def leaks(result: Mapping[str, Any], r: Result) -> Check:
             "release it too"
         )
     return r.judged(step, ok, detail, n=resets + held)
+
+
+@implements("network.recovery_s")
+def recovery(result: Mapping[str, Any], r: Result) -> Check:
+    """After the last connection-breaking fault (a blackhole, resets): time until p99 and
+    the error rate are back within the bands of the clean stretches before the faults."""
+    from harness.checks.overload import _recovery
+    from harness.checks.resilience import _before
+
+    p = r.params
+    events = network_events(result)
+    breaking = [e for e in events if _toxic(e) in BREAKING]
+    if not breaking:
+        return r.skipped("no reset_peer or timeout toxic applied in this run: nothing broke")
+    last = breaking[-1]
+    start, end = float(last["start_s"]), float(last["end_s"])
+    # the baseline: the clean stretches before the first fault and between faults, each
+    # ending before requests still in flight at the next fault's start (as freeze's)
+    spans = []
+    for i, e in enumerate(events):
+        lo, hi = _clean_before(events, i, float(p["discard_s"]), float(p["settle_s"]))
+        hi = _before(result, hi)
+        if hi > lo:
+            spans.append((lo, hi))
+        if e is last:
+            break
+    label = f"{_toxic(last)} ({fmt(end - start)} s, the last connection-breaking fault)"
+    check = _recovery(result, r, label, start, end, spans)
+    if check.passed is False:
+        check = dataclasses.replace(
+            check,
+            detail=check.detail
+            + " — the server did not come back once the network did: look for state that "
+            "outlives a broken connection (a circuit breaker tripped by client disconnects, "
+            "a pool slot held until its own timeout, a reconnect backoff)",
+        )
+    return check
