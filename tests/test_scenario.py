@@ -41,10 +41,10 @@ EIGHT = (
 QUICK_BUDGET_S = {
     "cold_start": 25,
     "steady_state": 45,
-    "spike": 65,
+    "spike": 50,
     "mixed_priority": 50,
     "soak": 125,
-    "contention": 95,
+    "contention": 65,
     "linearity": 95,
     "integrity": 35,
     "network": 55,  # --full only (harness.acceptance.FULL_ONLY)
@@ -165,7 +165,7 @@ def test_spike_shape() -> None:
     assert spike.rate_rps(100.0) == pytest.approx(4 * base.rate_rps(100.0))
     segs = s.segments(100.0)
     assert [g.rate_rps for g in segs] == [50.0, 200.0, 50.0]
-    assert s.stage_at(25.0) == spike and s.stage_at(s.duration_s) is None
+    assert s.stage_at(20.0) == spike and s.stage_at(s.duration_s) is None
 
 
 def test_mixed_priority_drives_above_capacity_with_a_high_minority() -> None:
@@ -256,13 +256,13 @@ def test_results_helpers_match_the_results_shape() -> None:
     assert rows[0] | {} == {
         "name": "baseline",
         "start_s": 0.0,
-        "end_s": 20.0,
+        "end_s": 15.0,
         "kind": "open",
         "rate_rps": 100.0,
         "rate": "0.5x",
         "users": None,
         "threads": None,
-        "warmup_s": 5.0,
+        "warmup_s": 3.75,
     }
     assert classes_view(s) == {"default": {"priority": 0, "share": 1.0, "timeout_us": None}}
 
