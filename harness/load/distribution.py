@@ -124,11 +124,18 @@ class LoadProcess:
 
     def _count_conns(self, base_url: str) -> None:
         """Count this process's own connections to the server from now on (one counter
-        per plan; harness.load.own_conns says why)."""
+        per plan; harness.load.own_conns says why) — where the sampler may not match them:
+        on a worker (another host, or started by hand) and when ``harness agent`` samples
+        the server. A local runner beside a local sampler is in its measured tree."""
         if self._conns_loop is not None:
             self._conns_loop.kill(block=False)
+            self._conns_loop = None
+        self.conns = None
+        if not (self.is_worker or self.opts.agent_url):
+            return
         self.conns = ConnCounter(base_url)
-        self._conns_loop = gevent.spawn(self.conns.run, gevent.sleep)
+        pool = gevent.get_hub().threadpool
+        self._conns_loop = gevent.spawn(self.conns.run, gevent.sleep, offload=pool.apply)
 
     def drain_conns(self, final: bool = False) -> dict[str, Any] | None:
         """The connection counts since the last drain; ``final`` stops the counting."""

@@ -9,9 +9,11 @@ in the processes it measures. A Locust worker on another host (or started beside
 master by hand, in nobody's process tree), and every load process when the server is
 sampled by ``harness agent`` on its own host, holds connections the sampler cannot see.
 
-So each load process counts its own: its established TCP connections to the server's
-address, once a second (psutil, as ``ss -tnp`` would list them). A worker sends its
-readings to the master in Locust's periodic report; the local runner keeps its own. When
+So each load process the sampler may not see counts its own: its established TCP
+connections to the server's address, every 2 s on a native thread (psutil, as ``ss -tnp``
+would list them) — every Locust worker, and the local runner when ``harness agent``
+samples the server. A worker sends its readings to the master in Locust's periodic
+report; the local runner keeps its own. When
 the run ends, every count the sampler did not already make — a process not on the
 sampler's host, not in its measured tree, or a sampler on another host — is added to
 ``client_conns`` on the sampler's ticks, aligned by wall clock.
@@ -31,9 +33,13 @@ import psutil
 from harness.load.http import split_url
 from harness.load.workers_cpu import on_ticks
 
-EVERY_S = 1.0
-# a reading stands for a sampler tick this near it (readings every second; a loaded
-# gevent loop runs its greenlets late)
+# A count lists the process's sockets (psutil: a readlink per fd and the netns's TCP
+# table): ~10-50 ms with a thousand connections open. It runs on a native thread, never on
+# the gevent loop that dispatches the load (counted there, every second, it pushed the
+# dispatch lag of a 1024-connection mixed_priority run past its limit), every 2 s.
+EVERY_S = 2.0
+# a reading stands for a sampler tick (1 s apart) this near it: with readings 2 s apart
+# the nearest is at most 1 s away, and a loaded loop runs its greenlets late
 WITHIN_S = 1.5
 
 
@@ -86,10 +92,19 @@ class ConnCounter:
         with contextlib.suppress(psutil.Error, OSError):
             self.readings.append((self.clock(), self.count()))
 
-    def run(self, sleep: Callable[[float], Any], every_s: float = EVERY_S) -> None:
-        """Count until killed (a greenlet of the load process)."""
+    def run(
+        self,
+        sleep: Callable[[float], Any],
+        every_s: float = EVERY_S,
+        offload: Callable[[Callable[[], None]], Any] | None = None,
+    ) -> None:
+        """Count until killed (a greenlet of the load process); ``offload(fn)`` runs one
+        count elsewhere and waits for it (gevent's native threadpool)."""
         while True:
-            self.poll()
+            if offload is None:
+                self.poll()
+            else:
+                offload(self.poll)
             sleep(every_s)
 
     def drain(self) -> dict[str, Any]:
