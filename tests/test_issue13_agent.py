@@ -512,12 +512,14 @@ def test_issue13_agent_restarts_the_server_it_started(tmp_path) -> None:
         facts = agent_facts(running.url, TOKEN, None)
         assert facts["sut_pid"] == first and facts["agent_restarts"] is True
         assert facts["remote_cores"] == tuple(sorted(os.sched_getaffinity(first)))
-        # preflight: a kill + restart scenario is refused for an attached server, not here
+        # preflight: a kill + restart scenario is refused for a server an agent attached by
+        # pid (the agent waits for no supervisor), not for one it started
         events = [SimpleNamespace(action="kill", params={"restart": True}, duration_s=1.0)]
         scenario = SimpleNamespace(
             load=SimpleNamespace(fresh_sut=False), chaos=events, linearity=None
         )
-        assert unsupported_reason(scenario, TargetFacts(None, True, sut_pid=first)) is not None
+        attached_by_agent = TargetFacts(None, True, sut_pid=first, remote_cores=(0,))
+        assert unsupported_reason(scenario, attached_by_agent) is not None
         ok = TargetFacts(None, True, **facts)
         assert unsupported_reason(scenario, ok) is None
         assert server_cores(ok) == facts["remote_cores"]
