@@ -18,7 +18,9 @@ import numpy as np
 from harness.checks import _data as d
 from harness.checks._data import fmt
 from harness.checks.model import Check, Result
+from harness.checks.overload import _recovery
 from harness.checks.registry import implements
+from harness.checks.resilience import _before
 
 # toxics that add time to a request (judged for amplification) and the ones that break
 # connections (judged for leaks)
@@ -256,9 +258,6 @@ def leaks(result: Mapping[str, Any], r: Result) -> Check:
 def recovery(result: Mapping[str, Any], r: Result) -> Check:
     """After the last connection-breaking fault (a blackhole, resets): time until p99 and
     the error rate are back within the bands of the clean stretches before the faults."""
-    from harness.checks.overload import _recovery
-    from harness.checks.resilience import _before
-
     p = r.params
     events = network_events(result)
     breaking = [e for e in events if _toxic(e) in BREAKING]
