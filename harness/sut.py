@@ -196,17 +196,15 @@ class AttachedSut:
 def process_age_s(pid: int) -> float | None:
     """Seconds since ``pid`` started, to the clock tick: its start and the uptime are both
     counted from boot (psutil's create_time adds a boot time rounded to the second)."""
-    from harness.collectors import procfs
-
-    st = procfs.read_stat(f"/proc/{pid}/stat")
+    # (harness.collectors.procfs parses stat fully, but this layer imports only errors)
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    if st is None:
-        return None
-    return max(0.0, uptime - st.starttime / os.sysconf("SC_CLK_TCK"))
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def listener_pid(port: int) -> int | None:
