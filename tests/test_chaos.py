@@ -253,7 +253,9 @@ def test_pause_shows_as_a_gap_in_the_sut_cpu():
                 window["start"] = time.monotonic() - t0
                 pause.apply()
                 assert psutil.Process(sut.pid).status() == psutil.STATUS_STOPPED
+                window["stopped"] = time.monotonic() - t0
             if len(ticks) == 11:
+                window["resume"] = time.monotonic() - t0
                 pause.revert()
                 window["end"] = time.monotonic() - t0
 
@@ -265,8 +267,16 @@ def test_pause_shows_as_a_gap_in_the_sut_cpu():
         pause.revert()
         sut.kill()
         sut.wait()
-    during = [k.cpu_pct for k in ticks if window["start"] + 0.2 <= k.t <= window["end"]]
-    outside = [k.cpu_pct for k in ticks if k.t < window["start"] or k.t > window["end"] + 0.2]
+    # a tick's CPU is the run time between the previous reading and its own: judge the
+    # ticks whose whole interval lies inside (or outside) the stop, not the tick's own time
+    # (a slow apply makes the next tick late, its interval still holds the run before SIGSTOP)
+    spans = list(zip([0.0] + [k.t for k in ticks], ticks))
+    during = [
+        k.cpu_pct for t_prev, k in spans if window["stopped"] <= t_prev and k.t <= window["resume"]
+    ]
+    outside = [
+        k.cpu_pct for t_prev, k in spans if k.t <= window["start"] or t_prev >= window["end"]
+    ]
     assert len(during) >= 4 and len(outside) >= 4
     assert max(during) < 5.0
     assert sorted(outside)[len(outside) // 2] > 20.0
