@@ -270,7 +270,7 @@ def test_pause_shows_as_a_gap_in_the_sut_cpu():
     # a tick's CPU is the run time between the previous reading and its own: judge the
     # ticks whose whole interval lies inside (or outside) the stop, not the tick's own time
     # (a slow apply makes the next tick late, its interval still holds the run before SIGSTOP)
-    spans = list(zip([0.0] + [k.t for k in ticks], ticks))
+    spans = list(zip([0.0] + [k.t for k in ticks[:-1]], ticks, strict=True))
     during = [
         k.cpu_pct for t_prev, k in spans if window["stopped"] <= t_prev and k.t <= window["resume"]
     ]

@@ -340,3 +340,45 @@ def test_an_fd_closed_during_the_scan_counts_nowhere(monkeypatch):
     assert len(socks2) == len(socks) - 1
     # the non-socket count is unchanged: the vanished socket is not mistaken for a file
     assert total2 - len(socks2) == total - len(socks)
+
+
+def test_a_tick_that_raises_is_recorded_and_the_sampler_goes_on(tmp_path, monkeypatch):
+    """A tick that raises must not end the sampling (the rest of the run would go unsampled
+    with no cause given): it is counted, its traceback logged, its cause in sampler.json,
+    and — when the gaps it leaves make the run invalid — named in the validity reason."""
+    from harness.analysis.validity import sampler_problems
+    from harness.collectors import read_samples
+    from harness.collectors.runner import SamplerConfig, SamplingSession
+
+    sut = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        session = SamplingSession(
+            SamplerConfig(pid=sut.pid, out_dir=str(tmp_path), interval_s=0.1, duration_s=2.0)
+        )
+        real = session.process.sample
+        calls = {"n": 0}
+
+        def flaky(t, ts, late=0.0):
+            calls["n"] += 1
+            if 5 <= calls["n"] < 15:  # one second of ticks raise
+                raise ValueError("unparsable /proc line")
+            return real(t, ts, late)
+
+        monkeypatch.setattr(session.process, "sample", flaky)
+        meta = session.run()
+    finally:
+        sut.kill()
+        sut.wait()
+    assert meta["tick_errors"] == 10 and calls["n"] >= 19  # it went on after them
+    assert "ValueError: unparsable /proc line" in meta["last_error"]
+    assert "test_collectors.py" in meta["last_error"]  # where it was raised
+    server = read_samples(tmp_path)["server"]
+    assert server["tick_errors"] == 10
+    t = server["series"]["t"]
+    assert (
+        t[-1] > 1.7 and max(b - a for a, b in zip(t, t[1:], strict=False)) > 0.9
+    )  # the gap is there
+    reason = sampler_problems(
+        server, None, run_start_unix=server["started_unix"], run_s=2.0, needed={}
+    )
+    assert reason and "10 sampler tick(s) raised" in reason and "ValueError" in reason

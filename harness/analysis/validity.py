@@ -288,6 +288,9 @@ def sampler_problems(
     if not problems and not died:
         return None
     advice = []
+    errors = int(server.get("tick_errors") or 0)
+    if errors and (died or problems):
+        died.append(f"{errors} sampler tick(s) raised, the last: {server.get('last_error')}")
     if died:
         tail = server.get("log_tail")
         advice.append(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,6 +95,11 @@ class SamplingSession:
         self.stop = stop or threading.Event()
         self.live = live
         self.target_exited = False
+        # a tick that raised: counted, its traceback in sampler.log (the first few), the
+        # last one in sampler.json — the sampler keeps ticking, and the missing rows are
+        # judged as gaps in the evidence, with this as their cause
+        self.tick_errors = 0
+        self.last_error: str | None = None
         self.process = ProcessSampler(
             pid,
             self.out,
@@ -124,6 +131,21 @@ class SamplingSession:
             self.sut_cores = None
 
     def _on_tick(self, t: float, late: float) -> None:
+        try:
+            self._tick(t, late)
+        except Exception as e:  # recorded, and judged as missing evidence
+            self.tick_errors += 1
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            self.last_error = (
+                f"t={t:.1f}s {type(e).__name__}: {e} "
+                f"({Path(where.filename).name}:{where.lineno} in {where.name})"
+            )
+            if self.tick_errors <= 3:
+                print(f"sampler tick at t={t:.1f}s raised:", file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
+                sys.stderr.flush()
+
+    def _tick(self, t: float, late: float) -> None:
         ts = self.wall()
         tick = self.process.sample(t, ts, late)
         self.system.sample(t, ts, late)
@@ -185,6 +207,8 @@ class SamplingSession:
             "missed_ticks": s.missed,
             "max_late_s": round(s.max_late_s, 6),
             "target_exited": self.target_exited,
+            "tick_errors": self.tick_errors,
+            "last_error": self.last_error,
             "metrics": None
             if self.scraper is None
             else {

@@ -83,6 +83,9 @@ def _server(d: Path, meta: dict, top: int) -> dict | None:
         # false when the sampler never wrote its final sampler.json (killed or crashed)
         "finished": finished,
         "log_tail": None if finished and series["t"] else _log_tail(d),
+        # ticks that raised (the sampler went on): how many, and the last one's cause
+        "tick_errors": meta.get("tick_errors", 0),
+        "last_error": meta.get("last_error"),
         "series": series,
         "threads_top": _threads_top(d / "threads.csv", top),
     }

@@ -186,6 +186,8 @@ class ServerSamples(TypedDict):
     stopped_unix: NotRequired[float | None]
     finished: NotRequired[bool]
     log_tail: NotRequired[str | None]  # the sampler's last log lines when it did not finish
+    tick_errors: NotRequired[int]  # sampler ticks that raised (it went on)
+    last_error: NotRequired[str | None]  # the last such tick's cause
 
 
 class SystemSamples(TypedDict):
