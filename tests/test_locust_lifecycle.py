@@ -263,27 +263,33 @@ def test_unreachable_target_exits_1(tmp_path) -> None:
     assert scenario_result(tmp_path)["error"]["type"] == "TargetUnavailable"
 
 
-def test_fresh_server_meets_the_load_cold(tmp_path) -> None:
+@pytest.mark.parametrize("verify", [True, False], ids=["golden-fetch", "no-verify"])
+def test_fresh_server_meets_the_load_cold(tmp_path, verify: bool) -> None:
     # slow-start: the server's first request pays 2 s of lazy init. The golden fetch would
-    # have paid it; the harness restarts the server so the load's first requests do.
-    cmd = (
+    # have paid it; the harness restarts the server so the load's first requests do. With
+    # --no-verify (and absolute rates: no calibration) nothing warmed it: started once.
+    starts = tmp_path / "starts"
+    server = (
         f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} "
         + " ".join(SIM)
         + " --fault slow-start:2"
     )
+    cmd = f"sh -c 'echo start >> {starts}; exec {server}'"
     run = run_locust(
         "--sut-cmd",
         cmd,
         "--scenario",
         str(SCENARIOS / "cold.toml"),
         "--out",
-        str(tmp_path),
+        str(tmp_path / "out"),
         "--no-sample",
+        *(() if verify else ("--no-verify",)),
         timeout=120,
     )
     assert run.returncode == NOT_JUDGED, run.stdout[-3000:]
-    sc = scenario_result(tmp_path)
+    sc = scenario_result(tmp_path / "out")
     assert sc["fresh_sut"] is True and sc["time_to_ready_s"] > 0
+    assert starts.read_text().split() == ["start"] * (2 if verify else 1)
     first = hist(sc["first_requests"]["latency_hdr"])
     steady = hist(sc["by_stage"]["steady"]["default"]["latency_hdr"])
     assert first.get_max_value() > 10 * steady.get_value_at_percentile(99)

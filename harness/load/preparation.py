@@ -194,7 +194,10 @@ class Preparation:
         if self.sut.owned:
             # The golden fetch and the calibration warmed the server up: start it again so
             # the load meets a cold server, and time that start (same command, port, cores).
-            self.time_to_ready_s = self.sut.restart_fresh()
+            # Neither ran (--no-verify, absolute rates): the server was just started and has
+            # answered no inference yet — it is cold, and the time to ready was that start's.
+            if self.golden is not None or self.calibration is not None:
+                self.time_to_ready_s = self.sut.restart_fresh()
             self.fresh_sut = True
         else:
             log.warning(
