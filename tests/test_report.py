@@ -344,3 +344,38 @@ def test_a_dead_server_is_shown_with_its_cause_and_output(tmp_path):
     html = paths["html"].read_text()
     assert "<pre>MemoryError &lt;boom&gt;</pre>" in html
     assert not _parse(html).errors
+
+
+def test_resource_trend_line_only_where_the_scenario_judges_that_trend():
+    """The Theil–Sen line on a resource panel is the leak detector's: drawn for a soak that
+    judges the trend, not for a steady run that judges none (a slope nobody judged)."""
+    from matplotlib.lines import Line2D
+
+    from harness.report import plots
+
+    n = 120
+    t = [float(i) for i in range(n)]
+    series = {
+        "t": t,
+        "rss_bytes": [100 * 2**20 + i * 2**16 for i in range(n)],
+        "threads": [20] * n,
+        "fds": [30] * n,
+    }
+    server = {"pid": 1, "interval_s": 1.0, "series": series, "threads_top": []}
+
+    def dashed_labels(sc):
+        fig = plots.resources(sc)
+        return [
+            ln.get_label()
+            for ax in fig.axes
+            for ln in ax.get_lines()
+            if isinstance(ln, Line2D) and ln.get_linestyle() == "--"
+        ]
+
+    steady = scenario("steady_state", 120.0, server=server, checks=[check("steady.p99_ms", True)])
+    assert dashed_labels(steady) == []
+    soak = scenario(
+        "soak", 120.0, server=server, checks=[check("soak.rss_trend", True, 1.5, 1.0, "<=")]
+    )
+    (label,) = dashed_labels(soak)  # the RSS panel's only: threads and fds are not judged
+    assert label.startswith("Theil–Sen trend +3.7") and "MiB/min" in label

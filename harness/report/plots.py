@@ -163,6 +163,14 @@ _RESOURCES = (
     ("threads", "threads", 1, "/min"),
     ("fds", "open fds", 1, "/min"),
 )
+# the check whose leak detector a panel's trend line draws: only a scenario that judges
+# that trend gets the line (on a 20 s steady run it would be a slope nobody judged — and
+# the fit's statistics cost every report a second of scipy.stats import)
+_TREND_CHECK = {
+    "rss_bytes": "soak.rss_trend",
+    "threads": "soak.threads_trend",
+    "fds": "soak.fds_trend",
+}
 
 
 def resources(sc: Mapping[str, Any]) -> Figure | Missing:
@@ -176,11 +184,14 @@ def resources(sc: Mapping[str, Any]) -> Figure | Missing:
             panels.append((key, label, t, y / scale, per))
     if not panels:
         return Missing("no server-side samples (server.series): no pid was watched")
+    judged = {c.get("id") for c in sc.get("checks") or [] if isinstance(c, Mapping)}
     fig, axes = _figure(len(panels), (9.0, 2.2))
-    for ax, (_key, label, t, y, per) in zip(axes, panels, strict=True):
+    drawn = False
+    for ax, (key, label, t, y, per) in zip(axes, panels, strict=True):
         ax.plot(t, y, color="C0", lw=1.0, label=label)
-        line = trend_line(t, y)
+        line = trend_line(t, y) if _TREND_CHECK[key] in judged else None
         if line is not None:
+            drawn = True
             ax.axvspan(
                 float(t.min()),
                 line.start_s,
@@ -203,6 +214,8 @@ def resources(sc: Mapping[str, Any]) -> Figure | Missing:
         ax.legend(fontsize="small", ncols=3)
     axes[0].set_title(
         "Server resources with the leak detector's trend (a drawing aid; the verdict is the check's)"
+        if drawn
+        else "Server resources"
     )
     axes[-1].set_xlabel("time since start (s)")
     return fig
