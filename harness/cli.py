@@ -728,6 +728,15 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
     ).validate()
 
 
+def _add_repeats(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="outcomes per edge rate (default 3: a 75 %% interval; 1: no edge repeats)",
+    )
+
+
 def _add_peak(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "peak",
@@ -750,12 +759,7 @@ def _add_peak(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sut-cores", default=None, help="cores for a started server, e.g. 1")
     p.add_argument("--model", default=None, help="model name (default: the server's own)")
     p.add_argument("--out", default="harness-results/peak", help="output directory")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="outcomes per edge rate (default 3: a 75 %% interval; 1: no edge repeats)",
-    )
+    _add_repeats(p)
     _add_peak_options(p)
     p.set_defaults(handler=_run_peak)
 
@@ -804,7 +808,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "tune",
         help="find the server configuration with the highest peak under an SLO",
         description="For each configuration of --space filled into --sut-cmd: start the "
-        "server, find its peak under the SLO (as `harness peak`, one point per rate), record "
+        "server, find its peak under the SLO (as `harness peak`, with --repeats), record "
         "CPU per request and RSS; quick mode hill-climbs from --default and prunes dominated "
         "directions (Triton model_analyzer's quick search), --brute measures every "
         "configuration. Ranks, writes results.json, summary.md, report.html (a throughput-p99 "
@@ -859,10 +863,13 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not run `harness acceptance --quick` on the recommended configuration",
     )
+    _add_repeats(p)
     _add_peak_options(p)
-    # one point per rate, a coarser bracket and shorter points than `harness peak`: the
-    # ranking needs each configuration's peak to 10 %, not its interval
-    p.set_defaults(handler=_run_tune, tolerance=0.1, max_points=10, max_point_s=20.0)
+    # a coarser bracket and shorter points than `harness peak`: the ranking needs each
+    # configuration's peak to 10 %. The edge repeats stay: one unlucky point (a p99 of
+    # 158 ms against a 150 ms SLO at 416 req/s on a server that held 552) would otherwise
+    # cap a configuration's peak for good, and reorder the ranking from tune to tune
+    p.set_defaults(handler=_run_tune, tolerance=0.1, max_points=16, max_point_s=20.0)
 
 
 def _run_tune(args: argparse.Namespace) -> int:
@@ -871,7 +878,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     from harness.peak.report import tune_sentence
     from harness.peak.tune import Space, TuneConfig, run_tune
 
-    pc = _peak_config(args, 1)
+    pc = _peak_config(args, args.repeats)
     space = Space.parse(args.space, args.sut_cmd)
     default = (
         space.parse_config(args.default, "--default")

@@ -2,9 +2,9 @@
 
 A configuration is one value per ``--space`` dimension, filled into the ``--sut-cmd``
 template (``{port}`` is the harness's). For each configuration measured: start the
-server, find its peak under the SLO (``harness.peak.runner.search``, one point per rate,
-bisection to ``--tolerance``), record the server's CPU per request and its RSS at the
-highest rate that met the SLO, stop the server.
+server, find its peak under the SLO (``harness.peak.runner.search``: bisection to
+``--tolerance``, then the edge repeats), record the server's CPU per request and its RSS at
+the peak, stop the server.
 
 Objective (stated in every report): the highest peak under the SLO wins; peaks within
 one search tolerance of each other are a tie, broken by the lower CPU per request (the
@@ -193,6 +193,7 @@ class TuneConfig:
             "max_error_rate": self.peak.max_error_rate,
             "confidence": self.peak.confidence,
             "tolerance": self.peak.tolerance,
+            "repeats": self.peak.repeats,
             "append": [[dict(s), a] for s, a in self.append],
         }
 
@@ -201,13 +202,20 @@ class TuneConfig:
 
 
 def config_result(
-    cfg: Config, points: Sequence[Point], why: str, cmd: str, floor_rps: float | None = None
+    cfg: Config,
+    points: Sequence[Point],
+    why: str,
+    cmd: str,
+    floor_rps: float | None = None,
+    repeats: int = 1,
+    tolerance: float = 0.1,
 ) -> dict[str, Any]:
-    """What one configuration's search found (peak = the highest rate that met the SLO
-    below every rate that missed it; its p99, CPU/request and RSS at that rate)."""
+    """What one configuration's search found (peak = L: the highest rate that met the SLO
+    in every repeat below every rate that missed it in every repeat; its p99, CPU/request
+    and RSS at that rate)."""
     from harness.peak.search import PeakSearch, SearchParams
 
-    s = PeakSearch(SearchParams(start_rps=1.0, repeats=1), points)
+    s = PeakSearch(SearchParams(start_rps=1.0, repeats=repeats, tolerance=tolerance), points)
     est = s.estimate()
     at = None
     if est.low_rps is not None:
@@ -220,6 +228,8 @@ def config_result(
         "peak_rps": est.low_rps or 0.0,
         "upper_rps": est.high_rps,
         "limit": est.limit,
+        "repeats": repeats,
+        "confidence": est.confidence,  # of [peak, upper] holding the edge (0: no repeats)
         "stopped": why,
         "floor_rps": floor_rps,
         "p99_at_peak_ms": at.p99_ms if at else None,
@@ -416,7 +426,7 @@ class Tuner:
             + (f" from {pc.start_rps:.1f} req/s" if pc.start_rps else " (capacity probe first)")
         )
         points, why = self.measure(cfg, pc, prior, lambda p: self.state.add_point(k, p))
-        res = config_result(cfg, points, why, self.cmd(cfg), pc.floor_rps)
+        res = config_result(cfg, points, why, self.cmd(cfg), pc.floor_rps, pc.repeats, pc.tolerance)
         if why == "interrupted":
             raise KeyboardInterrupt
         self.state.finish(k, res)
@@ -503,7 +513,13 @@ class Tuner:
             "mode": self.tc.mode,
             "objective": (
                 "highest peak under the SLO (open-loop Poisson, p99 over all requests <= "
-                f"{self.tc.peak.slo_p99_ms:g} ms, errors <= {self.tc.peak.max_error_rate:.1%}); "
+                f"{self.tc.peak.slo_p99_ms:g} ms, errors <= {self.tc.peak.max_error_rate:.1%}"
+                + (
+                    f"; a peak is a rate that held it in all {self.tc.peak.repeats} repeats"
+                    if self.tc.peak.repeats > 1
+                    else ""
+                )
+                + "); "
                 f"peaks within {self.tc.peak.tolerance:.0%} tie, broken by lower CPU ms/request"
             ),
             "template": self.tc.template,
