@@ -666,10 +666,16 @@ class CaseRun:
 # the same scenario, same mode, same server — so the matrix judges it instead of making it
 # again (one 50 s run fewer in CI). Run alone, test_detection.py makes its own.
 SHARED_RUNS: dict[str, CaseRun] = {}
+# the quick acceptance run's scenario results by name, for slow tests that need a healthy
+# run of one of them on the reference server (one run fewer in a CI session)
+ACCEPTANCE_SCENARIOS: dict[str, Mapping] = {}
 
 
 def share_from_acceptance(doc: Mapping, out_dir: str, argv: Sequence[str]) -> None:
     """Offer the steady_state scenario of a quick acceptance run as the healthy case."""
+    for s in doc.get("scenarios") or []:
+        if s.get("mode") == "quick" and s.get("verdict") == "pass":
+            ACCEPTANCE_SCENARIOS[str(s.get("name"))] = s
     sc = next((s for s in doc.get("scenarios") or [] if s.get("name") == "steady_state"), None)
     if sc is None or sc.get("mode") != "quick":
         return

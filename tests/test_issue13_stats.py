@@ -469,7 +469,11 @@ def _in_flight_bound(sc: dict[str, Any], name: str) -> float:
 
 @pytest.mark.slow
 def test_issue13_stats_real_run_splits_queue_and_compute_per_stage(tmp_path: Any) -> None:
-    healthy = _harness_run(tmp_path / "healthy")
+    from tests.detection_cases import ACCEPTANCE_SCENARIOS
+
+    # the healthy integrity run of this session's quick acceptance (the default reference
+    # server, 30 s), else one of our own
+    healthy = ACCEPTANCE_SCENARIOS.get("integrity") or _harness_run(tmp_path / "healthy")
     serial = _harness_run(tmp_path / "no-batching", "--fault", "no-batching")
     for sc in (healthy, serial):
         stats = sc["server_stats"]
