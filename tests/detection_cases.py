@@ -179,6 +179,12 @@ CASES: tuple[DetectionCase, ...] = (
         server_args=("--warmup-delay-s", "36"),
         locust_args=("--ready-timeout=150", "--no-verify"),
         timeout_s=360,
+        allowed={
+            "cold_start.first_p99_ratio": "the model ran its warm-up batches 36 s before "
+            "the server said ready, so the first requests meet cold caches: the first-100 "
+            "p99 ratio measured 1.35-5.65 in the defect runs (1 of 3 over 5x) against "
+            "0.73-0.89 in their healthy twins — the same slow load seen from the latency side",
+        },
         why="readiness gated on a 36 s load (time to ready can only be longer): past the "
         "30 s budget; the harness waits up to 150 s to time it rather than give up. "
         "--no-verify: with the golden fetch the scenario starts the server twice (fetch, "
