@@ -74,6 +74,11 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
         "--uss-every", type=_positive_float, default=10.0, help="seconds between USS/PSS reads"
     )
     p.add_argument("--live", action="store_true", help="print a pidstat-like table every tick")
+    p.add_argument(
+        "--stop-with-parent",
+        action="store_true",
+        help="stop when the process that started the sampler exits (the harness sets it)",
+    )
     p.set_defaults(handler=_run_sample)
 
 
@@ -92,6 +97,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         metrics_match=args.metrics_match or DEFAULT_MATCH,
         loadgen_pids=tuple(args.loadgen_pid) if args.loadgen_pid else None,
         pid_file=args.pid_file,
+        stop_with_parent=args.stop_with_parent,
     )
     stop = threading.Event()
 
@@ -103,7 +109,8 @@ def _run_sample(args: argparse.Namespace) -> int:
         meta = session.run()
     print(
         f"sampled pid {meta['pid']}: {meta['ticks']} ticks, {meta['missed_ticks']} missed"
-        f"{' (target exited)' if meta['target_exited'] else ''} → {config.out_dir}",
+        f"{' (target exited)' if meta['target_exited'] else ''}"
+        f"{' (its parent exited)' if meta['parent_exited'] else ''} → {config.out_dir}",
         file=sys.stderr,
     )
     return ExitCode.PASS

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -263,6 +264,9 @@ class SutProcess:
         self._log_path = Path(log_path) if log_path else None
         self._log_file = None
         self._popen: subprocess.Popen | None = None
+        # stops the server if this process dies, SIGKILL included (harness.sut_guard)
+        self._guard: subprocess.Popen | None = None
+        self._stale_guards: list[subprocess.Popen] = []
         self.spawned_at: float | None = None
         self.argv = self._fill(cmd)
         self.cmd = shlex.join(self.argv)
@@ -339,7 +343,37 @@ class SutProcess:
         self.spawned_at = self._clock()
         if self.pid_file is not None:
             write_pid_file(self.pid_file, self._popen.pid)
+        self._start_guard(self._popen.pid)
         return self
+
+    def _start_guard(self, server_pid: int) -> None:
+        """A process that stops this server's group when this process dies: no handler,
+        atexit or finally of ours runs after a SIGKILL, and a server left behind holds its
+        port and CPU (the guard of the server this one replaces exits with that server)."""
+        self._reap_guard(wait_s=0.0)
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-m", "harness.sut_guard", str(os.getpid()), str(server_pid)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C to us must not reach it first
+            )
+        except OSError:
+            self._guard = None  # no guard: the normal stop paths still stop the server
+
+    def _reap_guard(self, wait_s: float) -> None:
+        g, self._guard = self._guard, None
+        if g is None:
+            return
+        if g.poll() is None and wait_s > 0:
+            with contextlib.suppress(ProcessLookupError):
+                g.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                g.wait(wait_s)
+        if g.poll() is None and wait_s == 0:
+            self._stale_guards.append(g)  # its server is gone or going: it exits by itself
+        self._stale_guards = [x for x in self._stale_guards if x.poll() is None]
 
     def tail(self, lines: int = 20) -> str:
         """The last lines the server wrote (stdout and stderr share one log)."""
@@ -421,6 +455,7 @@ class SutProcess:
             if self._log_file is not None:
                 self._log_file.close()
                 self._log_file = None
+            self._reap_guard(wait_s=2.0)
 
     def _reap(self, timeout: float) -> None:
         assert self._popen is not None

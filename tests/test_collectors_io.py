@@ -455,3 +455,52 @@ def test_loadgen_pids_exclude_the_sut_tree():
             c.kill()
         parent.kill()
         parent.wait()
+
+
+# Starts `harness sample --stop-with-parent` on a pid, prints the sampler's pid, then waits
+# to be SIGKILLed (the harness's Locust process, as far as the sampler can tell).
+_SAMPLER_PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    p = subprocess.Popen([sys.executable, "-m", "harness", "sample", "--pid", sys.argv[1],
+                          "--pid-file", sys.argv[3], "--out", sys.argv[2], "--interval", "0.2",
+                          "--stop-with-parent"])
+    print(p.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_harness_sample_stops_with_the_process_that_started_it(tmp_path):
+    """The harness starts its sampler with --stop-with-parent: when the harness is SIGKILLed,
+    the sampler (which would otherwise follow the pid file forever, waiting for a restart)
+    stops within a tick or two, closes its files and says why."""
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    pid_file = tmp_path / "sut.pid"
+    pid_file.write_text(str(target.pid))
+    out = tmp_path / "s"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _SAMPLER_PARENT, str(target.pid), str(out), str(pid_file)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    sampler = None
+    try:
+        assert parent.stdout is not None
+        sampler = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (out / "sampler.json").exists():
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert sampler.is_running()
+        parent.kill()
+        parent.wait()
+        sampler.wait(timeout=15)
+    finally:
+        for p in (parent, target):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if sampler is not None and sampler.is_running():
+            sampler.kill()
+    meta = json.loads((out / "sampler.json").read_text())
+    assert meta["running"] is False and meta["parent_exited"] is True and meta["ticks"] >= 3

@@ -1,6 +1,7 @@
-"""Issue 12 (part A), real runs: the Locust process SIGKILLed mid-freeze leaves a server
-that runs and serves (the undo guard continued it) — no handler, atexit or finally of the
-harness ran."""
+"""Issue 12 (part A), real runs: the Locust process SIGKILLed mid-freeze — no handler,
+atexit or finally of the harness runs. An attached server is left running and serving (the
+pause's undo guard continued it); a server the harness started is continued and stopped by
+its own guard; the sampler stops with its harness either way."""
 
 from __future__ import annotations
 
@@ -62,6 +63,21 @@ def _wait(pred, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def _ready(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _server_pid(out: Path) -> int | None:
     """The pid the harness wrote for the server it started (OUT/<scenario>/samples)."""
     for f in out.glob("*/samples/sut.pid"):
@@ -96,13 +112,29 @@ def _infer(base: str) -> int:
         return r.status
 
 
-@pytest.mark.slow
-def test_issue12_sigkill_of_locust_mid_freeze_leaves_the_server_serving(tmp_path: Path) -> None:
+def _kill_locust_mid_freeze(harness: subprocess.Popen, server: int) -> None:
+    """Wait for the freeze, find the pause's undo guard, SIGKILL the Locust process."""
+    _wait(lambda: proc_state(server) in ("T", "t"), 120, "the freeze (server in state T)")
+    locust = next(
+        p
+        for p in psutil.Process(harness.pid).children(recursive=True)
+        if "locust" in " ".join(p.cmdline())
+    )
+    guard = next(  # the pause's undo guard, armed with this server's pid
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "harness-guard"
+        and any(a.startswith(f"{server}:") for a in p.info["cmdline"] or [])
+    )
+    locust.send_signal(signal.SIGKILL)  # no handler, no atexit, no finally runs
+    locust.wait(10)
+    _wait(lambda: not guard.is_running() or guard.status() == "zombie", 5, "pause guard exit")
+
+
+def _harness(tmp_path: Path, out: Path, *target: str) -> subprocess.Popen:
     scenario = tmp_path / "freeze_kill.toml"
     scenario.write_text(FREEZE)
-    out = tmp_path / "out"
-    sut_cmd = f"{sys.executable} -m reference_server --model mlp --port {{port}}"
-    harness = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -110,8 +142,7 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_the_server_serving(tmp_path
             "run",
             str(scenario),
             "--quick",
-            "--sut-cmd",
-            sut_cmd,
+            *target,
             "--out",
             str(out),
         ],  # fmt: skip
@@ -120,50 +151,85 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_the_server_serving(tmp_path
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def _cleanup(harness: subprocess.Popen, out: Path, server: int | None) -> None:
+    with contextlib.suppress(ProcessLookupError, OSError):
+        os.killpg(harness.pid, signal.SIGKILL)
+    harness.wait(30)
+    if server is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGCONT)
+            os.kill(server, signal.SIGKILL)
+    # what the CLI wrote after its Locust process died is a stub, not a results
+    # document (the schema fixture would reject it); these tests judge the processes
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def _samplers(out: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "sample" in cmd and str(out) in " ".join(cmd):
+            found.append(p)
+    return found
+
+
+@pytest.mark.slow
+def test_issue12_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
+    tmp_path: Path,
+) -> None:
+    """A server the harness attached to (not its own): resumed by the pause's undo guard
+    and serving, as it was before the run."""
+    from tests.server_fixtures import free_port
+
+    port = free_port()
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "reference_server", "--model", "mlp", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    out = tmp_path / "out"
+    harness = None
+    try:
+        _wait(lambda: _ready(base), 60, "the server ready")
+        harness = _harness(tmp_path, out, "--target", base, "--sut-pid", str(srv.pid))
+        _kill_locust_mid_freeze(harness, srv.pid)
+        state = _wait(
+            lambda: (s := proc_state(srv.pid)) not in ("T", "t") and s, 5, "the server to run"
+        )
+        assert state in ("S", "R"), state
+        assert _ready(base)
+        assert _infer(base) == 200
+        # the sampler the killed Locust process started stopped with it
+        _wait(lambda: not _samplers(out), 10, "the sampler to stop")
+    finally:
+        if harness is not None:
+            _cleanup(harness, out, None)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(srv.pid, signal.SIGCONT)
+        srv.kill()
+        srv.wait()
+
+
+@pytest.mark.slow
+def test_issue12_sigkill_of_locust_mid_freeze_stops_the_server_it_started(
+    tmp_path: Path,
+) -> None:
+    """A server the harness started (--sut-cmd): resumed, then stopped by its own guard —
+    a SIGKILLed harness leaves no server holding its port and CPU, and no sampler."""
+    out = tmp_path / "out"
+    sut_cmd = f"{sys.executable} -m reference_server --model mlp --port {{port}}"
+    harness = _harness(tmp_path, out, "--sut-cmd", sut_cmd)
     server: int | None = None
     try:
         server = _wait(lambda: _server_pid(out), 120, "the server's pid file")
-        _wait(lambda: proc_state(server) in ("T", "t"), 120, "the freeze (server in state T)")
-        locust = next(
-            p
-            for p in psutil.Process(harness.pid).children(recursive=True)
-            if "locust" in " ".join(p.cmdline())
-        )
-        guard = next(  # the pause's undo guard, armed with this server's pid
-            p
-            for p in psutil.process_iter(["name", "cmdline"])
-            if p.info["name"] == "harness-guard"
-            and any(a.startswith(f"{server}:") for a in p.info["cmdline"] or [])
-        )
-        locust.send_signal(signal.SIGKILL)  # no handler, no atexit, no finally runs
-        locust.wait(10)
-        state = _wait(
-            lambda: (s := proc_state(server)) not in ("T", "t") and s, 5, "the server to run"
-        )
-        assert state in ("S", "R"), state
-        _wait(lambda: not guard.is_running() or guard.status() == "zombie", 5, "guard exit")
-        port = next(
-            a.split("=", 1)[-1] if "=" in a else psutil.Process(server).cmdline()[i + 1]
-            for i, a in enumerate(psutil.Process(server).cmdline())
-            if a.startswith("--port")
-        )
-        base = f"http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=10) as r:
-            assert r.status == 200
-        assert _infer(base) == 200
+        _kill_locust_mid_freeze(harness, server)
+        _wait(lambda: _gone(server), 20, "the server to stop")
+        log = next(out.glob("*/sut.log")).read_text()
+        # continued first: a frozen server cannot handle SIGTERM, this one drained
+        assert "received SIGTERM: draining" in log, log[-2000:]
+        _wait(lambda: not _samplers(out), 10, "the sampler to stop")
     finally:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            os.killpg(harness.pid, signal.SIGKILL)
-        harness.wait(30)
-        if server is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server, signal.SIGCONT)
-                os.kill(server, signal.SIGKILL)
-        # the sampler the killed Locust process started runs in a session of its own
-        for p in psutil.process_iter(["cmdline"]):
-            if str(out) in " ".join(p.info["cmdline"] or []):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-        # what the CLI wrote after its Locust process died is a stub, not a results
-        # document (the schema fixture would reject it); this test judges the server
-        shutil.rmtree(out, ignore_errors=True)
+        _cleanup(harness, out, server)

@@ -408,7 +408,7 @@ def test_issue14_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )
     guard = subprocess.Popen(
-        [sys.executable, "-m", "harness.peak.guard", str(parent.pid), str(server.pid)]
+        [sys.executable, "-m", "harness.sut_guard", str(parent.pid), str(server.pid)]
     )
     try:
         time.sleep(1.0)

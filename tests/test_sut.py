@@ -179,3 +179,56 @@ def test_attach_existing_and_missing_pid():
         p.wait()
     with pytest.raises(TargetUnavailable, match="no such process"):
         attach(p.pid)
+
+
+# Starts a server (a sleeping process) through SutProcess, prints both pids, then waits to
+# be SIGKILLed: no handler, atexit or finally of it runs.
+_OWNER = textwrap.dedent(
+    """
+    import sys, time
+    from harness.sut import SutProcess
+    s = SutProcess([sys.executable, "-c", "import time; time.sleep(120)"]).start()
+    print(s.pid, s._guard.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_started_server_is_stopped_when_its_starter_is_sigkilled():
+    """Every server the harness starts gets a guard process: when the process that started
+    it dies (SIGKILL: nothing of it runs), the guard stops the server's process group; when
+    the server is stopped normally, the guard goes with it."""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True)
+    server = guard = None
+    try:
+        assert owner.stdout is not None
+        server, guard = map(int, owner.stdout.readline().split())
+        time.sleep(1.0)
+        assert not _gone(server)  # its starter lives: left alone
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not (_gone(server) and _gone(guard)):
+            time.sleep(0.1)
+        assert _gone(server), "the server outlived the SIGKILLed process that started it"
+        assert _gone(guard)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        for pid in (server, guard):
+            if pid is not None and not _gone(pid):
+                psutil.Process(pid).kill()
+    # stopped normally: the guard exits with it (none left behind)
+    s = SutProcess([sys.executable, "-c", "import time; time.sleep(120)"]).start()
+    g = s._guard
+    assert g is not None and g.poll() is None
+    s.stop()
+    assert g.poll() is not None and s._guard is None

@@ -28,6 +28,7 @@ def sample_command(
     cmd = [
         sys.executable, "-m", "harness", "sample",
         "--pid", str(pid), "--out", str(out), "--interval", f"{interval_s:g}",
+        "--stop-with-parent",  # a SIGKILLed harness leaves no sampler ticking forever
     ]  # fmt: skip
     if metrics_url:
         cmd += ["--metrics-url", metrics_url]

@@ -43,6 +43,9 @@ class SamplerConfig:
     # A file holding the SUT's current pid (``SutProcess(pid_file=...)`` rewrites it on every
     # start): when the watched process is gone, follow the pid in the file (kill+restart).
     pid_file: str | None = None
+    # stop when the process that started the sampler is gone (SIGKILLed included): the
+    # harness starts it so; a sampler started by hand from a shell keeps going
+    stop_with_parent: bool = False
 
     def validate(self) -> SamplerConfig:
         if not self.interval_s > 0:
@@ -95,6 +98,8 @@ class SamplingSession:
         self.stop = stop or threading.Event()
         self.live = live
         self.target_exited = False
+        self.parent = os.getppid()
+        self.parent_exited = False
         # a tick that raised: counted, its traceback in sampler.log (the first few), the
         # last one in sampler.json — the sampler keeps ticking, and the missing rows are
         # judged as gaps in the evidence, with this as their cause
@@ -146,6 +151,11 @@ class SamplingSession:
                 sys.stderr.flush()
 
     def _tick(self, t: float, late: float) -> None:
+        if self.config.stop_with_parent and os.getppid() != self.parent:
+            # reparented: the harness that started us is gone and nobody will stop us
+            self.parent_exited = True
+            self.stop.set()
+            return
         ts = self.wall()
         tick = self.process.sample(t, ts, late)
         self.system.sample(t, ts, late)
@@ -207,6 +217,7 @@ class SamplingSession:
             "missed_ticks": s.missed,
             "max_late_s": round(s.max_late_s, 6),
             "target_exited": self.target_exited,
+            "parent_exited": self.parent_exited,
             "tick_errors": self.tick_errors,
             "last_error": self.last_error,
             "metrics": None

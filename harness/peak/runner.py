@@ -10,7 +10,8 @@ at the error limit, and the harness's validity rules (generator saturation, disp
 lag, sampler coverage) — an invalid run is a limit of the load generator, not of the
 server. The server is started once and kept running between points (its pid is given
 to each run, so the sampler and the validity rules see it); a guard process
-(``harness.peak.guard``) stops it if this process dies, SIGKILL included.
+(``harness.sut_guard``, started by ``SutProcess``) stops it if this process dies, SIGKILL
+included.
 
 The first point, unless ``--start-rps`` is given, is half of the harness's capacity
 probe (the scenario's rate is "0.5x", so the run calibrates as every relative scenario
@@ -22,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -236,8 +234,8 @@ def _server_cost(sc: Mapping[str, Any], stage: Mapping[str, Any], ok: int) -> di
 
 
 class ManagedServer:
-    """A ``--sut-cmd`` server started once for a whole search, with a guard process that
-    stops its process group when this process dies (``harness.peak.guard``)."""
+    """A ``--sut-cmd`` server started once for a whole search (``SutProcess`` starts the
+    guard that stops its process group when this process dies: ``harness.sut_guard``)."""
 
     def __init__(
         self,
@@ -252,16 +250,10 @@ class ManagedServer:
         split = sut.parse_cores(cores) if cores else sut.choose_cores().sut
         self.proc = sut.SutProcess(cmd, cores=split, log_path=log_path)
         self.ready_timeout_s = ready_timeout_s
-        self.guard: subprocess.Popen | None = None
         self.time_to_ready_s: float | None = None
 
     def __enter__(self) -> ManagedServer:
         self.proc.start()
-        self.guard = subprocess.Popen(
-            [sys.executable, "-m", "harness.peak.guard", str(os.getpid()), str(self.proc.pid)],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
         try:
             self.time_to_ready_s = self.proc.wait_ready(timeout=self.ready_timeout_s)
         except BaseException:
@@ -270,13 +262,7 @@ class ManagedServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            self.proc.stop()
-        finally:
-            if self.guard is not None and self.guard.poll() is None:
-                self.guard.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.guard.wait(5.0)
+        self.proc.stop()
 
     @property
     def url(self) -> str:

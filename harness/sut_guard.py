@@ -1,10 +1,13 @@
 """Stop a server when the process that started it dies, SIGKILL included.
 
-``python -m harness.peak.guard PARENT_PID SERVER_PID``: a separate process (its own
+``python -m harness.sut_guard PARENT_PID SERVER_PID``: a separate process (its own
 session, so a Ctrl-C to the harness does not reach it first) that polls twice a second;
-when PARENT_PID is gone it sends SIGTERM to SERVER_PID's process group (the server was
-started in its own group), waits up to 10 s, then SIGKILL. When the server exits first,
-the guard exits too. An ``atexit`` hook cannot do this: a SIGKILLed harness runs none.
+when PARENT_PID is gone it sends SIGCONT and SIGTERM to SERVER_PID's process group (the
+server was started in its own group; a paused one must run to handle the SIGTERM), waits
+up to 10 s, then SIGKILL. When the server exits first, the guard exits too. An ``atexit``
+hook cannot do this: a SIGKILLed harness runs none. ``harness.sut.SutProcess`` starts one
+beside every server it starts (``--sut-cmd``: the Locust plugin's, `harness peak`'s and
+`harness tune`'s).
 """
 
 from __future__ import annotations
@@ -52,9 +55,13 @@ def guard(parent: int, server: int, poll_s: float = 0.5, grace_s: float = 10.0) 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m harness.peak.guard PARENT_PID SERVER_PID", file=sys.stderr)
+        print("usage: python -m harness.sut_guard PARENT_PID SERVER_PID", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):  # PR_SET_NAME: tell it apart in ps / the sampler
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"harness-sutguard")
     return guard(int(argv[0]), int(argv[1]))
 
 
