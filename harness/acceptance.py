@@ -171,6 +171,8 @@ class ScenarioRun:
     document: dict[str, Any] | None = None
     error: str | None = None
     interrupted: bool = False
+    started_unix: float | None = None
+    elapsed_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,7 @@ def run_one(
             env=env,
         )
         started = time.monotonic()
+        run.started_unix = time.time()
         sent_term_at: float | None = None
         try:
             while True:
@@ -301,6 +304,7 @@ def run_one(
                 proc.kill()
             proc.wait()
     run.returncode = proc.returncode
+    run.elapsed_s = time.monotonic() - started
     results = out_dir / "results.json"
     try:
         run.document = load_document(results)
@@ -322,12 +326,40 @@ def _last_error_line(log_path: Path) -> str | None:
     return lines[-1].strip() if lines else None
 
 
-def _failed_scenario(run: ScenarioRun) -> dict[str, Any]:
-    """A scenario whose Locust run produced no results: a failed check with the cause."""
+def _failed_scenario(run: ScenarioRun, mode: str) -> dict[str, Any]:
+    """A scenario whose Locust run produced no results: a failed check with the cause, in
+    a scenario result the schema accepts, with whatever the sampler measured before the
+    run died (the server's and the machine's series: often what explains the death)."""
+    from harness.load.target import samples_left
+
+    samples = samples_left(run.out_dir / "samples") or {}
     return {
         "name": Path(run.name).stem,
+        "file": str(run.name),
+        "mode": mode,
+        "started_unix": run.started_unix,
+        "duration_s": round(run.elapsed_s, 3),
         "partial": True,
         "no_results": True,
+        "capacity_rps": None,
+        "check_config": {},
+        "time_to_ready_s": None,
+        "stages": [],
+        "classes": {},
+        "counters": {"scheduled": 0, "ok": 0, "dropped": 0, "in_flight": 0, "failed": {}},
+        "by_class": {},
+        "by_stage": {},
+        "windows": None,
+        "first_requests": None,
+        "dispatch_lag_hdr": None,
+        "error_latency_hdr": None,
+        "integrity": None,
+        "linearity": None,
+        "contention": None,
+        "chaos": [],
+        "server": samples.get("server"),
+        "system": samples.get("system"),
+        "metrics": samples.get("metrics"),
         "verdict": "fail",
         "checks": [
             {
@@ -392,7 +424,7 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     by_name = {sc.get("name") for sc in doc["scenarios"]}
     for run in runs:
         if run.document is None and Path(run.name).stem not in by_name:
-            doc["scenarios"].append(_failed_scenario(run))
+            doc["scenarios"].append(_failed_scenario(run, plan.mode))
     if excluded:
         doc["excluded"] = [{"name": n, "reason": why} for n, why in excluded]
     attempted = len(runs) + len(excluded) - len(plan.excluded)

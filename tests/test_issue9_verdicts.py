@@ -221,3 +221,31 @@ def test_issue9_a_configuration_error_found_late_keeps_what_was_measured(
     assert "configuration error" in doc["excluded"][0]["reason"]
     assert doc["verdict"] == "pass" and outcome.exit_code == 0 and not doc.get("partial")
     assert (tmp_path / "results.json").exists() and (tmp_path / "summary.md").exists()
+
+
+def test_a_scenario_whose_locust_run_died_is_a_schema_valid_failure_with_its_samples(tmp_path):
+    """Locust SIGKILLed (or crashed) before it wrote results: the parent's document is still
+    one the schema accepts — run.completed failed with the cause — and keeps the series the
+    sampler wrote before the death."""
+    from harness.acceptance import ScenarioRun, _failed_scenario
+    from harness.results import machine_metadata, new_document
+    from tests.conftest import schema_errors
+
+    samples = tmp_path / "soak" / "samples"
+    samples.mkdir(parents=True)
+    cols = "t,ts,cpu_pct,usr_pct,sys_pct,rss_bytes,uss_bytes,threads,fds,socket_fds,client_conns"
+    rows = [f"{t}.0,{1e9 + t},12.5,10,2.5,{100 << 20},,20,30,8,4" for t in range(1, 6)]
+    (samples / "process.csv").write_text("\n".join([cols, *rows]) + "\n")
+    run = ScenarioRun(name="soak", out_dir=tmp_path / "soak", returncode=-9, error="killed")
+    run.started_unix, run.elapsed_s = 1e9, 5.5
+    sc = _failed_scenario(run, "quick")
+    doc = new_document(machine=machine_metadata(), sut={}, loadgen={})
+    doc["scenarios"] = [sc]
+    assert schema_errors(doc) == []
+    (died,) = sc["checks"]
+    assert died["id"] == "run.completed" and died["passed"] is False and "killed" in died["detail"]
+    assert sc["server"]["series"]["rss_bytes"] == [100 << 20] * 5
+    # nothing sampled at all: still a valid document
+    empty = _failed_scenario(ScenarioRun(name="spike", out_dir=tmp_path / "none"), "quick")
+    doc["scenarios"] = [empty]
+    assert schema_errors(doc) == [] and empty["server"] is None

@@ -136,6 +136,21 @@ def start_sampler(
     return start_sample(cmd, out, env)
 
 
+def samples_left(out: Path) -> dict[str, Any] | None:
+    """What a sampler wrote into ``out`` (its server, system and metrics sections), read
+    without stopping anything: the evidence a run that died before its results still has.
+    None when nothing readable is there."""
+    from harness.collectors import read_samples
+
+    if not out.is_dir():
+        return None
+    try:
+        return read_samples(out)
+    except HarnessError as exc:
+        log.warning("harness: sampler output unreadable: %s", exc)
+        return None
+
+
 def stop_sampler(proc: subprocess.Popen | None, out: Path) -> dict[str, Any] | None:
     """Stop ``harness sample`` by pid (SIGTERM, then SIGKILL) and read what it wrote."""
     if proc is None:
