@@ -26,7 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--slo-p99-ms", type=float, default=100.0)
-    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="harness-results/peak-bench")
     ap.add_argument("--from", dest="from_dir", default=None, help="re-render runs made earlier")
     ap.add_argument("extra", nargs="*", help="more `harness peak` arguments (after --)")

@@ -52,7 +52,7 @@ class PeakConfig:
     max_error_rate: float = 0.01
     confidence: float = 0.95
     tolerance: float = 0.05
-    repeats: int = 4
+    repeats: int = 3
     start_rps: float | None = None
     warmup_s: float = 3.0
     min_point_s: float = 5.0
@@ -77,7 +77,7 @@ class PeakConfig:
         if not 0 < self.tolerance < 1:
             raise bad("--tolerance", self.tolerance, "a fraction in (0, 1), e.g. 0.05")
         if not 1 <= self.repeats <= 10:
-            raise bad("--repeats", self.repeats, "an integer in 1..10 (4: 87.5 % confidence)")
+            raise bad("--repeats", self.repeats, "an integer in 1..10 (3: 75 % confidence)")
         if self.start_rps is not None and not self.start_rps > 0:
             raise bad("--start-rps", self.start_rps, "a rate in req/s > 0")
         if not (self.warmup_s >= 0 and 0 < self.min_point_s <= self.max_point_s):
