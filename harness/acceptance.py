@@ -25,6 +25,7 @@ import locustfiles
 from harness.errors import ConfigError, ExitCode, HarnessError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV, finish
 from harness.results import load_document, machine_metadata, merge_documents, new_document
+from harness.results.records import ZERO_COUNTERS
 
 # The order of the delivery checklist: cheap, fresh-server scenarios first so a broken
 # server fails fast; the soak last, where a partial report is still worth having.
@@ -346,7 +347,7 @@ def _failed_scenario(run: ScenarioRun, mode: str) -> dict[str, Any]:
         "time_to_ready_s": None,
         "stages": [],
         "classes": {},
-        "counters": {"scheduled": 0, "ok": 0, "dropped": 0, "in_flight": 0, "failed": {}},
+        "counters": {**ZERO_COUNTERS, "failed": {}},
         "by_class": {},
         "by_stage": {},
         "windows": None,

@@ -315,3 +315,14 @@ def backlog_order(srv: ServerHandle, n_default: int) -> tuple[Answer, list[Answe
     for t in threads:
         t.join(60)
     return high, defaults
+
+
+def is_ready(base: str, timeout_s: float = 2.0) -> bool:
+    """The server at ``base`` (http://HOST:PORT) answers 200 on its V2 readiness path."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -62,14 +62,6 @@ def _wait(pred, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
-def _ready(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -192,7 +184,7 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
 ) -> None:
     """A server the harness attached to (not its own): resumed by the pause's undo guard
     and serving, as it was before the run."""
-    from tests.server_fixtures import free_port
+    from tests.server_fixtures import free_port, is_ready
 
     port = free_port()
     srv = subprocess.Popen(
@@ -204,14 +196,14 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
     out = tmp_path / "out"
     harness = None
     try:
-        _wait(lambda: _ready(base), 60, "the server ready")
+        _wait(lambda: is_ready(base), 60, "the server ready")
         harness = _harness(tmp_path, out, "--target", base, "--sut-pid", str(srv.pid))
         _kill_locust_mid_freeze(harness, srv.pid)
         state = _wait(
             lambda: (s := proc_state(srv.pid)) not in ("T", "t") and s, 5, "the server to run"
         )
         assert state in ("S", "R"), state
-        assert _ready(base)
+        assert is_ready(base)
         assert _infer(base) == 200
         # the sampler the killed Locust process started stopped with it
         _wait(lambda: not _samplers(out), 10, "the sampler to stop")

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from harness.errors import TargetUnavailable
 from harness.load.preflight import TargetFacts, unsupported_reason
 from harness.load.scenario import load_scenario
 from harness.sut import AttachedSut, free_port, listener_pid
+from tests.server_fixtures import is_ready
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,11 +61,7 @@ def test_issue12_nothing_restarting_the_server_is_named() -> None:
 
 
 def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
+    return is_ready(f"http://127.0.0.1:{port}", timeout_s=1)
 
 
 @pytest.mark.slow
