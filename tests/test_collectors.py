@@ -309,7 +309,15 @@ def test_system_sampler_sees_the_load_generator_cpu(tmp_path):
     assert max(h.cpu_pct for h, _ in ticks) > 20  # the busy process shows system-wide
     header = (tmp_path / "system.csv").read_text().splitlines()[0]
     assert header == ",".join(
-        ["t", "ts", "late_s", "cpu_pct", *[f"cpu{c}_pct" for c in hot.cores], "loadgen_cpu_pct"]
+        [
+            "t",
+            "ts",
+            "late_s",
+            "cpu_pct",
+            *[f"cpu{c}_pct" for c in hot.cores],
+            "loadgen_cpu_pct",
+            "other_cpu_pct",
+        ]
     )
 
 

@@ -1,10 +1,10 @@
 """Two hosts without a second machine (issue 13): two Linux network namespaces joined by a
 veth pair. The "server host" runs the reference server and ``harness agent``; the "load
 host" runs a Locust master and one worker that reach the server only across the link,
-with ``--agent``. The same short soak and contention scenarios run once on the server's
-host alone (master, worker and server side by side, the pid sampled locally) and once
-across the link; the verdicts must be the same, the agent's samples must be in the
-results, and the hogs must have run on the server's side.
+with ``--agent``. A short soak and a contention scenario run across the link; each must
+pass as the healthy server passes them on one host (the quick acceptance run and the
+detection matrix's controls judge them there), with every check measured: the agent's
+samples must be in the results, and the hogs must have run on the server's side.
 
 The namespaces share the kernel's pid namespace, so the load host could see the server's
 pid; what proves the work went through the agent is recorded in the results: ``sut.agent``
@@ -169,8 +169,8 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
         assert h.server_ns not in leftovers.stdout and h.load_ns not in leftovers.stdout
 
 
-# the capacity the first run calibrated (on the server's host), pinned for the runs after
-# it: both sides of a comparison then offer the same load, and three calibrations fewer
+# the capacity the first run calibrated (across the link), pinned for the run after it:
+# one calibration fewer
 _PINNED: dict[str, float] = {}
 
 
@@ -257,19 +257,14 @@ def _failed(sc: dict) -> list[str]:
     ] + [f"invalid: {sc.get('validity')}"] * (sc["verdict"] == "invalid")
 
 
-def _verdicts(sc: dict) -> dict[str, object]:
-    return {c["id"]: c["passed"] for c in sc["checks"]}
-
-
 def _netns_of(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
 @pytest.mark.parametrize("scenario", ["soak", "contention"])
 def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Path) -> None:
-    one = _run(hosts, hosts.server_ns, scenario, tmp_path / "one-host", agent=False)
     two = _run(hosts, hosts.load_ns, scenario, tmp_path / "two-hosts", agent=True)
-    sc1, sc2 = one["sc"], two["sc"]
+    sc2 = two["sc"]
     tail = two["output"][-3000:]
 
     # the agent did the server-side work, on the server's side of the link
@@ -291,7 +286,7 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
     # sampled process tree (and across the link the agent sees no process of ours), so
     # they are the worker's own counts — never left in the server's socket count, where
     # the soak's socket-leak test would judge a growing keep-alive pool as the server's
-    for sc in (sc1, sc2):
+    for sc in (sc2,):
         ser = sc["server"]["series"]
         mid = slice(len(ser["t"]) // 4, 3 * len(ser["t"]) // 4)  # under load
         conns, socks = ser["client_conns"][mid], ser["socket_fds"][mid]
@@ -326,20 +321,13 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
         # the evidence rules accepted the agent's hog records: the run is judged
         assert sc2["verdict"] != "invalid", sc2["checks"]
 
-    # the same verdicts as on one host: the scenario's, and no check passing in one run and
-    # failing in the other. A check one run judged and the other found inconclusive (a
-    # trend on the edge of its threshold in a 45 s soak: two runs on one host differ so
-    # too) is the same measurement, not a missing one.
-    assert sc2["verdict"] == sc1["verdict"], (
-        f"one host {sc1['verdict']} (failed: {_failed(sc1)}), two hosts {sc2['verdict']} "
-        f"(failed: {_failed(sc2)})"
+    # the verdict a healthy server earns on one host (the quick acceptance run judges
+    # these scenarios on one host, and the detection matrix's controls): a pass, every
+    # check judged or inconclusive on statistics — never unmeasured for want of the
+    # agent's samples or hogs
+    assert sc2["verdict"] == "pass" and two["rc"] == 0, (
+        f"two hosts {sc2['verdict']} (failed: {_failed(sc2)})",
+        tail,
     )
-    c1, c2 = _verdicts(sc1), _verdicts(sc2)
-    assert c1.keys() == c2.keys()
-    for cid in c1:
-        if None in (c1[cid], c2[cid]):
-            for c in (*sc1["checks"], *sc2["checks"]):
-                assert c["id"] != cid or not _unmeasured(c), c
-        else:
-            assert c1[cid] == c2[cid], (cid, sc1["checks"], sc2["checks"])
-    assert two["rc"] == one["rc"], (one["output"][-2000:], tail)
+    for c in sc2["checks"]:
+        assert not _unmeasured(c), c

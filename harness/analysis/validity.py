@@ -125,6 +125,67 @@ def loadgen_process_saturated(
     )
 
 
+def _longest_stretch(
+    t_s: Sequence[float], values: Sequence[float | None], threshold: float
+) -> tuple[int, int] | None:
+    """(first, last) index of the longest run of samples ``>= threshold`` (by time)."""
+    best: tuple[float, int, int] | None = None
+    start: int | None = None
+    for i, v in enumerate([*values, None]):
+        above = v is not None and math.isfinite(v) and v >= threshold
+        if above and start is None:
+            start = i
+        elif not above and start is not None:
+            span = float(t_s[i - 1]) - float(t_s[start])
+            if best is None or span > best[0]:
+                best = (span, start, i - 1)
+            start = None
+    return None if best is None else (best[1], best[2])
+
+
+def foreign_cpu(
+    t_s: Sequence[float],
+    other_pct: Sequence[float | None],
+    foreign: Sequence[Mapping[str, object]] = (),
+    *,
+    max_pct: float = 50.0,
+    sustain_s: float = 3.0,
+) -> str | None:
+    """CPU busy on the run's cores that none of the run's processes used held
+    ``>= max_pct`` of a core for ``sustain_s``: something else shared the machine — the
+    server's checks measured a server starved by it, the generator's latencies a
+    generator starved by it. ``other_pct``: ``system.series.other_cpu_pct``;
+    ``foreign``: ``system.foreign_processes`` (who was busy then)."""
+    if len(other_pct) != len(t_s):
+        return None
+    span, k = longest_run_above(t_s, other_pct, max_pct)
+    if span < sustain_s:
+        return None
+    first, last = _longest_stretch(t_s, other_pct, max_pct) or (0, len(t_s) - 1)
+    t0, t1 = float(t_s[first]), float(t_s[last])
+    held = [float(v) for v in other_pct[first : last + 1] if v is not None]
+    by: dict[tuple[object, object], list[float]] = {}
+    for row in foreign:
+        t = row.get("t")
+        if isinstance(t, (int, float)) and t0 <= t <= t1:
+            by.setdefault((row.get("pid"), row.get("name")), []).append(float(row["cpu_pct"]))
+    named = sorted(by.items(), key=lambda kv: -sum(kv[1]) / k)[:2]
+    who = (
+        "busiest outside the run: "
+        + ", ".join(f"pid {pid} ({name}) {sum(v) / k:.0f} %" for (pid, name), v in named)
+        if named
+        else "no single process stood out (short-lived processes, the kernel, a hypervisor)"
+    )
+    return (
+        f"{sum(held) / len(held):.0f} % of a core (peak {max(held):.0f} %) on the run's cores "
+        f"was busy with work that was not the run's for {span:.0f} s in a row (t = "
+        f"{t0:.0f}-{t1:.0f} s; limit {max_pct:g} % for {sustain_s:g} s); {who}: the server "
+        "and the load generator shared the CPU with another tenant, so what was measured "
+        "is not theirs alone — rerun on a quiet machine, or pin the server (--sut-cores) and "
+        "the generator to cores nothing else uses"
+    )
+
+
 def loadgen_process_held(
     t_s: Sequence[float], processes: Sequence[Mapping[str, object]], sustain_s: float
 ) -> float | None:

@@ -142,6 +142,20 @@ def validity(
             )
         )
 
+    # another tenant on the run's cores (the sampler's unattributed CPU, minus workers
+    # started by hand that it adopted late): the server was not measured alone
+    other = sys_series.get("other_cpu_pct")
+    if other and sys_series.get("t"):
+        reasons.append(
+            v.foreign_cpu(
+                sys_series["t"],
+                other,
+                system.get("foreign_processes") or [],
+                max_pct=p.foreign_max_pct,
+                sustain_s=p.foreign_sustain_s,
+            )
+        )
+
     lag = d.optional_hist(scenario_result.get("dispatch_lag_hdr"))
     reasons.append(
         v.dispatch_lag_excessive(
@@ -209,6 +223,13 @@ def validity_margins(
         workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
         held = v.sustained_level(t, cpu, p.loadgen_sustain_s)
         out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)
+    other = sys_series.get("other_cpu_pct") or []
+    if other and len(other) == len(t):
+        # the CPU not the run's that the run's cores held for foreign_sustain_s
+        out["foreign_cpu_pct"] = (
+            v.sustained_level(t, other, p.foreign_sustain_s),
+            p.foreign_max_pct,
+        )
     return out
 
 

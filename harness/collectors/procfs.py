@@ -311,7 +311,21 @@ class SocketEndpoints:
         return sum(1 for i in server if i in table and table[i][1] in peer_ends)
 
 
-_PARENTS: tuple[float, dict[int, list[int]]] = (-1e18, {})
+class ProcRow(NamedTuple):
+    ppid: int
+    name: str
+    starttime: int  # clock ticks after boot
+    cpu_ticks: int  # utime + stime
+
+
+_TABLE: tuple[float, dict[int, ProcRow], dict[int, list[int]]] = (-1e18, {}, {})
+
+
+def process_table(max_age_s: float = 0.5) -> tuple[float, dict[int, ProcRow]]:
+    """(when, pid → ProcRow) for every process on the host, from one pass over
+    /proc/*/stat (shared with ``children_map`` while younger than ``max_age_s``)."""
+    _pass(max_age_s)
+    return _TABLE[0], _TABLE[1]
 
 
 def children_map(max_age_s: float = 0.5) -> dict[int, list[int]]:
@@ -321,12 +335,17 @@ def children_map(max_age_s: float = 0.5) -> dict[int, list[int]]:
     ask for several trees (the SUT's, the generator's, the SUT's again to exclude it) at
     each rescan, so a pass younger than ``max_age_s`` is shared between them.
     """
-    global _PARENTS
+    _pass(max_age_s)
+    return _TABLE[2]
+
+
+def _pass(max_age_s: float) -> None:
+    global _TABLE
     now = time.monotonic()
-    taken, table = _PARENTS
-    if now - taken <= max_age_s:
-        return table
-    table = {}
+    if now - _TABLE[0] <= max_age_s:
+        return
+    rows: dict[int, ProcRow] = {}
+    table: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -334,12 +353,19 @@ def children_map(max_age_s: float = 0.5) -> dict[int, list[int]]:
         if not data:
             continue
         try:
-            ppid = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+            rpar = data.rindex(b")")
+            f = data[rpar + 2 :].split()
+            row = ProcRow(
+                int(f[1]),
+                data[data.index(b"(") + 1 : rpar].decode("utf-8", "replace"),
+                int(f[19]),
+                int(f[11]) + int(f[12]),
+            )
         except (ValueError, IndexError):
             continue
-        table.setdefault(ppid, []).append(int(name))
-    _PARENTS = (now, table)
-    return table
+        rows[int(name)] = row
+        table.setdefault(row.ppid, []).append(int(name))
+    _TABLE = (now, rows, table)
 
 
 def descendants(pid: int, max_age_s: float = 0.5) -> list[int] | None:

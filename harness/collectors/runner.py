@@ -20,7 +20,7 @@ from harness.collectors.live import format_live
 from harness.collectors.loop import TickLoop
 from harness.collectors.metrics import DEFAULT_EXCLUDE, DEFAULT_MATCH, MetricsScraper, ScrapeConfig
 from harness.collectors.process import HZ, ProcessSampler
-from harness.collectors.system import SystemSampler, loadgen_pids
+from harness.collectors.system import SystemSampler, loadgen_pids, run_pids
 from harness.errors import ConfigError, TargetUnavailable
 
 SAMPLER_SCHEMA = "harness.sampler/1"
@@ -115,7 +115,8 @@ class SamplingSession:
             peer_pids=lambda: [*self.system.loadgen_now(), os.getpid()],
         )
         lg = loadgen_pids(config.loadgen_pids, exclude=lambda: [self.process.pid])
-        self.system = SystemSampler(self.out, loadgen_pids=lg)
+        everything = run_pids(config.loadgen_pids, sut=lambda: [self.process.pid])
+        self.system = SystemSampler(self.out, loadgen_pids=lg, run_pids=everything)
         self.scraper = None
         if config.metrics_url:
             self.scraper = MetricsScraper(

@@ -168,6 +168,17 @@ def _loadgen_processes(path: Path, t: list) -> list[dict]:
     return [procs[k] for k in sorted(procs)]
 
 
+def _foreign_processes(path: Path) -> list[dict]:
+    """The busiest processes outside the run, named at the ticks where the CPU busy on
+    the run's cores was not the run's: ``t``, ``pid``, ``name``, ``cpu_pct``."""
+    if not path.exists():
+        return []
+    return [
+        {"t": _num(r["t"]), "pid": int(r["pid"]), "name": r["name"], "cpu_pct": _num(r["cpu_pct"])}
+        for r in _rows(path)
+    ]
+
+
 def _system(d: Path, meta: dict) -> dict | None:
     path = d / "system.csv"
     if not path.exists():
@@ -178,6 +189,8 @@ def _system(d: Path, meta: dict) -> dict | None:
         return None
     cores = [c for c in header if c.startswith("cpu") and c != "cpu_pct"]
     series: dict[str, list] = {"t": [], "cpu_pct": [], "loadgen_cpu_pct": []}
+    if "other_cpu_pct" in header:
+        series["other_cpu_pct"] = []
     per_core: list[list] = [[] for _ in cores]
     for row in _rows(path):
         for k in series:
@@ -189,6 +202,7 @@ def _system(d: Path, meta: dict) -> dict | None:
         "started_unix": meta.get("started_unix"),
         "series": series,
         "loadgen_processes": _loadgen_processes(d / "loadgen.csv", series["t"]),
+        "foreign_processes": _foreign_processes(d / "foreign.csv"),
     }
 
 

@@ -9,6 +9,7 @@ Records only: whether the generator was saturated is decided by the checks.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,13 +32,34 @@ class SystemTick:
     # (pid, name, %CPU, RSS bytes) of each generator process measured over this interval:
     # the RSS shows whether the harness itself grows over a long soak
     loadgen_procs: tuple[tuple[int, str, float, int | None], ...] = ()
+    # CPU busy on the run's cores that none of the run's processes used (% of one core):
+    # another process, the kernel's own work, a hypervisor's steal (None: not measured)
+    other_cpu_pct: float | None = None
+    # the busiest processes outside the run over this interval, when ``other_cpu_pct``
+    # was high enough to look: (pid, name, %CPU)
+    foreign_procs: tuple[tuple[int, str, float], ...] = ()
 
 
 LOADGEN_COLUMNS = ["t", "pid", "name", "cpu_pct", "rss_bytes"]
+FOREIGN_COLUMNS = ["t", "pid", "name", "cpu_pct"]
+# Unattributed CPU above this (% of one core) in a tick: rescan the run's processes at
+# once (a hog or a restarted server started since the last rescan is the run's, not
+# foreign) and, if it stays above, name the busiest processes outside the run.
+LOOK_PCT = 15.0
+FOREIGN_NAMED = 3  # processes named per tick
+FOREIGN_MIN_PCT = 5.0  # ... each using at least this much of a core
 
 
 def system_columns(cores: Iterable[int]) -> list[str]:
-    return ["t", "ts", "late_s", "cpu_pct", *[f"cpu{c}_pct" for c in cores], "loadgen_cpu_pct"]
+    return [
+        "t",
+        "ts",
+        "late_s",
+        "cpu_pct",
+        *[f"cpu{c}_pct" for c in cores],
+        "loadgen_cpu_pct",
+        "other_cpu_pct",
+    ]
 
 
 def _tree(pid: int) -> list[int]:
@@ -77,6 +99,44 @@ def loadgen_pids(
     return pids
 
 
+def run_pids(
+    roots: Iterable[int] | None = None, sut: Callable[[], Iterable[int]] = tuple
+) -> Callable[[], list[int]]:
+    """Every process of the run on this host: the generator's trees (default root: the
+    sampler's parent) with everything they started — CPU hogs, a proxy, a server the
+    master started — the server's tree (``sut()``), and the sampler itself."""
+    tops = list(roots) if roots is not None else [os.getppid()]
+    me = os.getpid()
+
+    def pids() -> list[int]:
+        seen = {me}
+        for top in (*tops, *sut()):
+            seen.update(_tree(top))
+        return sorted(seen)
+
+    return pids
+
+
+def _is_locust_worker(pid: int) -> bool:
+    """``locust ... --worker`` (how a worker beside the master is started by hand)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"--worker" in argv and any(b"locust" in a for a in argv[:3])
+
+
+def _affinity(pids: Iterable[int]) -> set[int]:
+    cores: set[int] = set()
+    for pid in pids:
+        try:
+            cores |= os.sched_getaffinity(pid)
+        except OSError:
+            continue
+    return cores
+
+
 class SystemSampler:
     """Per-core and total CPU from /proc/stat; the generator's CPU (and RSS) from its processes."""
 
@@ -85,10 +145,22 @@ class SystemSampler:
         out_dir: str | Path | None = None,
         *,
         loadgen_pids: Callable[[], list[int]] | None = None,
+        run_pids: Callable[[], list[int]] | None = None,
         loadgen_every_s: float = 5.0,
         recent: int = 600,
     ) -> None:
         self.loadgen_pids = loadgen_pids
+        # every process of the run: what is busy on the run's cores besides them is
+        # another tenant's (validity: "foreign CPU")
+        self.run_pids = run_pids
+        self._run: list[int] = []
+        self._run_prev: dict[tuple[int, int], int] = {}
+        self._scope: list[int] = []
+        self._run_next = 0.0
+        self._adopted: set[int] = set()
+        self._boot_prev: float | None = None
+        # recent passes over /proc (when, rows): the baseline for naming foreign processes
+        self._tables: deque[tuple[float, dict[int, procfs.ProcRow]]] = deque(maxlen=4)
         # Finding a process tree scans every process on the host: rescan every few seconds.
         self.loadgen_every_s = loadgen_every_s
         self._lg_pids: list[int] = []
@@ -99,12 +171,13 @@ class SystemSampler:
         self._cpu_prev = first
         self._lg_prev: dict[tuple[int, int], int] = {}
         self._t_prev: float | None = None
-        self._csv = self._lg_csv = None
+        self._csv = self._lg_csv = self._foreign_csv = None
         if out_dir is not None:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             self._csv = CsvStream(out / "system.csv", system_columns(self.cores))
             self._lg_csv = CsvStream(out / "loadgen.csv", LOADGEN_COLUMNS)
+            self._foreign_csv = CsvStream(out / "foreign.csv", FOREIGN_COLUMNS)
 
     def loadgen_now(self) -> list[int]:
         """The generator's processes as of the last rescan."""
@@ -132,18 +205,89 @@ class SystemSampler:
                 per.append((pid, st.name, d))
         return delta, now, per
 
+    def _rescan_run(self, fresh: bool = False) -> None:
+        if self.run_pids is None:
+            return
+        if fresh:  # not a pass from before the process we are looking for started
+            procfs.process_table(max_age_s=0.0)
+        self._adopted = {p for p in self._adopted if os.path.exists(f"/proc/{p}")}
+        self._run = sorted({*self.run_pids(), *self._adopted})
+        me = os.getpid()
+        self._scope = sorted(_affinity(p for p in self._run if p != me))
+        self._remember(procfs.process_table())
+
+    def _remember(self, table: tuple[float, dict[int, procfs.ProcRow]]) -> None:
+        if not self._tables or self._tables[-1][0] != table[0]:
+            self._tables.append(table)
+
+    def _run_ticks(self, boot_prev: float | None) -> tuple[int, dict[tuple[int, int], int]]:
+        """(Δticks of the run's processes since the last tick, counters by (pid, start)).
+        A process first seen now counts whole if it started after the last tick."""
+        now: dict[tuple[int, int], int] = {}
+        delta = 0
+        for pid in self._run:
+            st = procfs.read_stat(f"/proc/{pid}/stat")
+            if st is None:
+                continue
+            key = (pid, st.starttime)
+            now[key] = st.utime + st.stime
+            if key in self._run_prev:
+                delta += now[key] - self._run_prev[key]
+            elif boot_prev is not None and st.starttime + 1 > boot_prev:
+                # started since the last tick (starttime is whole clock ticks, truncated)
+                delta += now[key]
+        return delta, now
+
+    def _foreign(self, run: set[int]) -> tuple[tuple[int, str, float], ...]:
+        """The busiest processes outside the run since the last pass over /proc."""
+        when, rows = procfs.process_table(max_age_s=0.0)
+        # the newest earlier pass at least half a second old (a rescan this tick made one)
+        before = next((tb for tb in reversed(self._tables) if 0.5 <= when - tb[0] <= 30), None)
+        self._remember((when, rows))
+        if before is None:
+            return ()
+        old = before[1]
+        span = when - before[0]
+        out = []
+        for pid, row in rows.items():
+            if pid in run:
+                continue
+            prev = old.get(pid)
+            used = row.cpu_ticks - (
+                prev.cpu_ticks if prev and prev.starttime == row.starttime else 0
+            )
+            pct = 100.0 * used / (HZ * span)
+            if pct >= FOREIGN_MIN_PCT:
+                out.append((pid, row.name, round(pct, 1)))
+        out.sort(key=lambda r: -r[2])
+        return tuple(out[:FOREIGN_NAMED])
+
     def baseline(self, t: float) -> None:
         self._cpu_prev = procfs.read_cpu_times()
         _, self._lg_prev, _ = self._loadgen_ticks(t)
+        self._rescan_run()
+        _, self._run_prev = self._run_ticks(None)
+        self._run_next = t + self.loadgen_every_s
         self._t_prev = t
+        self._boot_prev = time.clock_gettime(time.CLOCK_BOOTTIME)
 
     def sample(self, t: float, ts: float, late_s: float = 0.0) -> SystemTick | None:
         cpu_now = procfs.read_cpu_times()
+        boot_now = time.clock_gettime(time.CLOCK_BOOTTIME)
         lg_delta, lg_now, lg_per = self._loadgen_ticks(t)
+        rescanned = self.run_pids is not None and t >= self._run_next
+        if rescanned:
+            self._rescan_run()
+            self._run_next = t + self.loadgen_every_s
+        boot_prev = self._boot_prev
+        boot_prev_ticks = None if boot_prev is None else boot_prev * HZ
+        run_delta, run_now = self._run_ticks(boot_prev_ticks)
         dt = t - self._t_prev if self._t_prev is not None else None
         prev = self._cpu_prev
         self._cpu_prev, self._lg_prev, self._t_prev = cpu_now, lg_now, t
+        self._boot_prev = boot_now
         if not dt or dt <= 0:
+            self._run_prev = run_now
             return None
 
         def pct(key: int) -> float | None:
@@ -154,6 +298,33 @@ class SystemSampler:
             return round(100.0 * busy / total, 2) if total > 0 else 0.0
 
         lg = round(lg_delta * 100.0 / (HZ * dt), 2) if self.loadgen_pids else None
+        other: float | None = None
+        foreign: tuple[tuple[int, str, float], ...] = ()
+        if self.run_pids is not None:
+
+            def unattributed(delta: int) -> float:
+                scope = [c for c in self._scope if c in cpu_now] or self.cores
+                busy = sum(pct(c) or 0.0 for c in scope)
+                return max(0.0, busy - delta * 100.0 / (HZ * dt))
+
+            other = unattributed(run_delta)
+            if other > LOOK_PCT and not rescanned:
+                # a process of the run started since the last rescan: find it now
+                self._rescan_run(fresh=True)
+                run_delta, run_now = self._run_ticks(boot_prev_ticks)
+                other = unattributed(run_delta)
+            if other > LOOK_PCT:
+                foreign = self._foreign(set(self._run))
+                workers = [f for f in foreign if _is_locust_worker(f[0])]
+                if workers:
+                    # a Locust worker started by hand beside the master is the run's load,
+                    # in nobody's tree: adopt it (counted from the next tick on)
+                    self._adopted.update(f[0] for f in workers)
+                    self._run = sorted({*self._run, *self._adopted})
+                    other = max(0.0, other - sum(f[2] for f in workers))
+                    foreign = tuple(f for f in foreign if f not in workers)
+            other = round(other, 2)
+        self._run_prev = run_now
         tick = SystemTick(
             t=round(t, 4),
             ts=ts,
@@ -165,15 +336,21 @@ class SystemSampler:
                 (pid, name, round(d * 100.0 / (HZ * dt), 2), procfs.read_rss_bytes(pid))
                 for pid, name, d in lg_per
             ),
+            other_cpu_pct=other,
+            foreign_procs=foreign,
         )
         self.recent.append(tick)
         if self._csv is not None:
-            self._csv.write([(tick.t, tick.ts, tick.late_s, tick.cpu_pct, *tick.per_core, lg)])
+            self._csv.write(
+                [(tick.t, tick.ts, tick.late_s, tick.cpu_pct, *tick.per_core, lg, other)]
+            )
         if self._lg_csv is not None:
             self._lg_csv.write([(tick.t, *p) for p in tick.loadgen_procs])
+        if self._foreign_csv is not None and foreign:
+            self._foreign_csv.write([(tick.t, *p) for p in foreign])
         return tick
 
     def close(self) -> None:
-        for f in (self._csv, self._lg_csv):
+        for f in (self._csv, self._lg_csv, self._foreign_csv):
             if f is not None:
                 f.close()

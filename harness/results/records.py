@@ -194,6 +194,9 @@ class SystemSamples(TypedDict):
     series: Series
     started_unix: NotRequired[float | None]
     loadgen_processes: NotRequired[list[dict[str, Any]]]
+    # the busiest processes outside the run where its cores were busy with something
+    # else: {t, pid, name, cpu_pct} (series.other_cpu_pct is that unattributed CPU)
+    foreign_processes: NotRequired[list[dict[str, Any]]]
 
 
 class Metrics(TypedDict):
