@@ -48,7 +48,8 @@ def main() -> int:
         rows.append(
             {
                 "run": i,
-                "peak": est["peak_rps"],
+                "peak": peak.get("peak_rps", est["peak_rps"]),
+                "peak_from": peak.get("peak_from", "midpoint of [L, U]"),
                 "low": est["low_rps"],
                 "high": est["high_rps"],
                 "confidence": est["confidence"],
@@ -62,14 +63,15 @@ def main() -> int:
         )
     print()
     print(
-        "| run | peak req/s | interval [L, U] | width | conf. | logistic edge [95 % CI] | knee "
-        "| probe req/s | points | s |"
+        "| run | peak req/s | from | interval [L, U] | width | conf. | logistic edge [95 % CI] "
+        "| knee | probe req/s | points | s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         width = (r["high"] - r["low"]) / r["peak"] if r["peak"] and r["high"] else None
         print(
-            f"| {r['run']} | {_f(r['peak'])} | [{_f(r['low'])}, {_f(r['high'])}] | "
+            f"| {r['run']} | {_f(r['peak'])} | {r['peak_from']} | "
+            f"[{_f(r['low'])}, {_f(r['high'])}] | "
             f"{'n/a' if width is None else f'{width:.1%}'} | {r['confidence']:.0%} | "
             f"{_fit(r['fit'])} | {_f(r['knee'])} | {_f(r['probe'])} | {r['points']} | "
             f"{r['elapsed_s']} |"

@@ -34,7 +34,8 @@ def _pct(v: Any) -> str:
 
 def peak_sentence(peak: Mapping[str, Any]) -> str:
     est = peak.get("estimate") or {}
-    lo, hi, pk = est.get("low_rps"), est.get("high_rps"), est.get("peak_rps")
+    lo, hi = est.get("low_rps"), est.get("high_rps")
+    pk = peak.get("peak_rps", est.get("peak_rps"))
     slo = peak.get("slo_p99_ms")
     limit = est.get("limit")
     if limit == "none_met":
@@ -51,9 +52,12 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
         }.get(str(limit), str(limit))
         return f"Peak >= {lo:.1f} req/s (SLO held there); no upper bound: {why}."
     conf = est.get("confidence") or 0.0
+    source = peak.get("peak_from")
     base = (
         f"Peak {pk:.1f} req/s under p99 <= {slo:g} ms (errors <= "
-        f"{float(peak.get('max_error_rate') or 0):.1%}): interval [{lo:.1f}, {hi:.1f}] req/s"
+        f"{float(peak.get('max_error_rate') or 0):.1%}"
+        + (f"; the {source}" if source == "logistic edge" else "")
+        + f"): interval [{lo:.1f}, {hi:.1f}] req/s"
     )
     if conf > 0:
         return (

@@ -31,6 +31,7 @@ from typing import Any
 
 from harness.errors import ConfigError, ExitCode, TargetUnavailable
 from harness.peak.search import (
+    EdgeFit,
     Estimate,
     PeakSearch,
     Point,
@@ -423,6 +424,8 @@ def summarize(
         (p.as_dict() for p in s.points if p.outcome != "invalid"), key=lambda d: d["rate_rps"]
     )
     calibration = next((p.capacity_rps for p in s.points if p.capacity_rps), None)
+    fit = fit_edge(s.points)
+    headline, source = headline_peak(est, fit)
     return {
         "slo_p99_ms": cfg.slo_p99_ms,
         "max_error_rate": cfg.max_error_rate,
@@ -433,10 +436,11 @@ def summarize(
         "edge_confidence": edge_confidence(cfg.repeats),
         "config": asdict(cfg),
         "estimate": est.as_dict(),
-        "peak_rps": est.peak_rps,
+        "peak_rps": headline,
+        "peak_from": source,
         "interval_rps": [est.low_rps, est.high_rps],
         "knee_rps": knee(s.points),
-        "edge_fit": (lambda f: f.as_dict() if f else None)(fit_edge(s.points)),
+        "edge_fit": fit.as_dict() if fit else None,
         "calibration_rps": calibration,
         "stopped": why,
         "points": [p.as_dict() for p in s.points],
@@ -444,6 +448,21 @@ def summarize(
         "elapsed_s": round(time.monotonic() - started, 1),
         **extra,
     }
+
+
+def headline_peak(est: Estimate, fit: EdgeFit | None) -> tuple[float | None, str]:
+    """The peak printed, and where it comes from.
+
+    The logistic edge (the rate a point meets the SLO half the time, fitted to every
+    judged point) when it lies inside [L, U]: it uses the bracketing and bisection points
+    as well as the edge repeats, so it is not tied to the bisection's grid the way the
+    midpoint of [L, U] is (two runs that end one tolerance step apart differ by a whole
+    step in the midpoint). Otherwise — no fit (too few mixed outcomes), or a fit outside
+    the interval the repeats proved — the midpoint. [L, U] stays the stated interval."""
+    lo, hi = est.low_rps, est.high_rps
+    if fit is not None and lo is not None and hi is not None and lo <= fit.edge_rps <= hi:
+        return fit.edge_rps, "logistic edge"
+    return est.peak_rps, "midpoint of [L, U]" if hi is not None else "L"
 
 
 def exit_code(peak: Mapping[str, Any]) -> ExitCode:

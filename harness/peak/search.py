@@ -259,10 +259,16 @@ class PeakSearch:
             return Step("done", None, "interval within tolerance", stop="found")
         # edge phase: L must meet in every repeat, U miss in every repeat
         L, U = self._edge(v)
+        # the two edges' repeats alternate (L, U, L, U, …): each rate's repeats are spread
+        # over the edge phase, so a box that drifts meanwhile shows as mixed outcomes
+        owed = []
         if L is not None and len(v.judged(L)) < p.repeats and v.all_met(L, len(v.judged(L))):
-            return Step("edge", L, f"repeat the lower edge ({len(v.judged(L)) + 1}/{p.repeats})")
+            owed.append((len(v.judged(L)), 0, L, "lower"))
         if U is not None and len(v.judged(U)) < p.repeats and v.all_missed(U, len(v.judged(U))):
-            return Step("edge", U, f"repeat the upper edge ({len(v.judged(U)) + 1}/{p.repeats})")
+            owed.append((len(v.judged(U)), 1, U, "upper"))
+        if owed:
+            n, _, rate, side = min(owed)
+            return Step("edge", rate, f"repeat the {side} edge ({n + 1}/{p.repeats})")
         if L is None:  # every rate measured missed at least once: step below them all
             nxt = min(r for r in v.by_rate if v.judged(r)) / (1.0 + p.tolerance)
             if nxt < p.min_rps:
