@@ -129,6 +129,53 @@ def test_a_locust_worker_started_by_hand_is_adopted_as_the_runs_load(tmp_path):
     assert not any(pid == worker.pid for t in ticks[2:] for pid, _, _ in t.foreign_procs)
 
 
+def test_the_server_restarted_by_its_own_supervisor_is_the_runs_before_the_sampler_follows(
+    tmp_path,
+):
+    """An attached server killed and started again by its supervisor (not the run): until
+    the sampler follows the new pid, the new process — same command line as the server it
+    replaces — is the server, not another tenant."""
+    script = tmp_path / "server.py"
+    script.write_text(BUSY + "\n")
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    first = subprocess.Popen([sys.executable, str(script), "--port", "1"])
+    again: int | None = None
+    try:
+        sampler = SystemSampler(
+            tmp_path,
+            run_pids=run_pids([root.pid], sut=lambda: [first.pid]),
+            sut_pid=lambda: first.pid,
+        )
+        loop = TickLoop(0.5)
+        t0 = loop.start()
+        sampler.baseline(time.monotonic() - t0)
+        ticks: list = []
+
+        def tick(t: float, late: float) -> None:
+            nonlocal again
+            ticks.append((t, sampler.sample(t, 0.0)))
+            if again is None and t > 0.9:
+                _stop(first)  # the crash; a supervisor (no process of the run) restarts it
+                out = subprocess.run(
+                    ["sh", "-c", f"{sys.executable} {script} --port 1 >/dev/null 2>&1 & echo $!"],
+                    capture_output=True,
+                    text=True,
+                )
+                again = int(out.stdout)
+
+        loop.run(tick, 4.0)
+        sampler.close()
+    finally:
+        _stop(root, first)
+        if again is not None:
+            os.kill(again, 9)
+    assert again is not None and again in sampler._adopted
+    after = [tk for t, tk in ticks if tk is not None and t > 2.0]
+    assert not any(pid == again for tk in after for pid, _, _ in tk.foreign_procs)
+    others = [tk.other_cpu_pct for tk in after]
+    assert sorted(others)[len(others) // 2] < 30, others
+
+
 def _result(other: list[float | None], foreign: list[dict] | None = None) -> dict:
     t = [float(i + 1) for i in range(len(other))]
     return {

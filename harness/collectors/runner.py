@@ -116,7 +116,9 @@ class SamplingSession:
         )
         lg = loadgen_pids(config.loadgen_pids, exclude=lambda: [self.process.pid])
         everything = run_pids(config.loadgen_pids, sut=lambda: [self.process.pid])
-        self.system = SystemSampler(self.out, loadgen_pids=lg, run_pids=everything)
+        self.system = SystemSampler(
+            self.out, loadgen_pids=lg, run_pids=everything, sut_pid=lambda: self.process.pid
+        )
         self.scraper = None
         if config.metrics_url:
             self.scraper = MetricsScraper(

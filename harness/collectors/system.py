@@ -117,13 +117,17 @@ def run_pids(
     return pids
 
 
-def _is_locust_worker(pid: int) -> bool:
-    """``locust ... --worker`` (how a worker beside the master is started by hand)."""
+def _cmdline(pid: int) -> bytes | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
+            return f.read() or None
     except OSError:
-        return False
+        return None
+
+
+def _is_locust_worker(pid: int) -> bool:
+    """``locust ... --worker`` (how a worker beside the master is started by hand)."""
+    argv = (_cmdline(pid) or b"").split(b"\0")
     return b"--worker" in argv and any(b"locust" in a for a in argv[:3])
 
 
@@ -146,6 +150,7 @@ class SystemSampler:
         *,
         loadgen_pids: Callable[[], list[int]] | None = None,
         run_pids: Callable[[], list[int]] | None = None,
+        sut_pid: Callable[[], int | None] | None = None,
         loadgen_every_s: float = 5.0,
         recent: int = 600,
     ) -> None:
@@ -153,6 +158,10 @@ class SystemSampler:
         # every process of the run: what is busy on the run's cores besides them is
         # another tenant's (validity: "foreign CPU")
         self.run_pids = run_pids
+        # the server's command line: a process started with the same one (a supervisor's
+        # restart, before the sampler follows it) is the server, not another tenant
+        self.sut_pid = sut_pid
+        self._sut_cmd: bytes | None = None
         self._run: list[int] = []
         self._run_prev: dict[tuple[int, int], int] = {}
         self._scope: list[int] = []
@@ -212,6 +221,10 @@ class SystemSampler:
             procfs.process_table(max_age_s=0.0)
         self._adopted = {p for p in self._adopted if os.path.exists(f"/proc/{p}")}
         self._run = sorted({*self.run_pids(), *self._adopted})
+        sut = self.sut_pid() if self.sut_pid is not None else None
+        cmd = _cmdline(sut) if sut else None
+        if cmd:
+            self._sut_cmd = cmd
         me = os.getpid()
         self._scope = sorted(_affinity(p for p in self._run if p != me))
         self._remember(procfs.process_table())
@@ -315,10 +328,16 @@ class SystemSampler:
                 other = unattributed(run_delta)
             if other > LOOK_PCT:
                 foreign = self._foreign(set(self._run))
-                workers = [f for f in foreign if _is_locust_worker(f[0])]
+                workers = [
+                    f
+                    for f in foreign
+                    if _is_locust_worker(f[0])
+                    or (self._sut_cmd is not None and _cmdline(f[0]) == self._sut_cmd)
+                ]
                 if workers:
-                    # a Locust worker started by hand beside the master is the run's load,
-                    # in nobody's tree: adopt it (counted from the next tick on)
+                    # the run's, in nobody's tree: a Locust worker started by hand beside
+                    # the master, or the server restarted by its own supervisor before the
+                    # sampler follows it — adopted (counted from the next tick on)
                     self._adopted.update(f[0] for f in workers)
                     self._run = sorted({*self._run, *self._adopted})
                     other = max(0.0, other - sum(f[2] for f in workers))
