@@ -131,6 +131,35 @@ def _is_locust_worker(pid: int) -> bool:
     return b"--worker" in argv and any(b"locust" in a for a in argv[:3])
 
 
+def _cpu_ticks(
+    pids: Iterable[int],
+    prev: dict[tuple[int, int], int],
+    started_after: float | None = None,
+) -> tuple[int, dict[tuple[int, int], int], list[tuple[int, str, int]]]:
+    """CPU clock ticks of ``pids`` since ``prev`` (counters by (pid, start), so a reused
+    pid is a new process): (summed Δ, counters now, per process (pid, name, Δ)). A process
+    not in ``prev`` counts whole when it started after ``started_after`` (boot-time clock
+    ticks; ``starttime`` is whole ticks, truncated), else from the next call on."""
+    now: dict[tuple[int, int], int] = {}
+    delta = 0
+    per: list[tuple[int, str, int]] = []
+    for pid in pids:
+        st = procfs.read_stat(f"/proc/{pid}/stat")
+        if st is None:
+            continue
+        key = (pid, st.starttime)
+        now[key] = st.utime + st.stime
+        if key in prev:
+            d = now[key] - prev[key]
+        elif started_after is not None and st.starttime + 1 > started_after:
+            d = now[key]
+        else:
+            continue
+        delta += d
+        per.append((pid, st.name, d))
+    return delta, now, per
+
+
 def _affinity(pids: Iterable[int]) -> set[int]:
     cores: set[int] = set()
     for pid in pids:
@@ -196,23 +225,10 @@ class SystemSampler:
         self, t: float
     ) -> tuple[int, dict[tuple[int, int], int], list[tuple[int, str, int]]]:
         """(summed Δticks, counters by (pid, start), per-process (pid, name, Δticks))."""
-        now: dict[tuple[int, int], int] = {}
-        delta = 0
-        per: list[tuple[int, str, int]] = []
         if self.loadgen_pids is not None and t >= self._lg_next:
             self._lg_pids = self.loadgen_pids()
             self._lg_next = t + self.loadgen_every_s
-        for pid in self._lg_pids:
-            st = procfs.read_stat(f"/proc/{pid}/stat")
-            if st is None:
-                continue
-            key = (pid, st.starttime)
-            now[key] = st.utime + st.stime
-            if key in self._lg_prev:
-                d = now[key] - self._lg_prev[key]
-                delta += d
-                per.append((pid, st.name, d))
-        return delta, now, per
+        return _cpu_ticks(self._lg_pids, self._lg_prev)
 
     def _rescan_run(self, fresh: bool = False) -> None:
         if self.run_pids is None:
@@ -236,19 +252,7 @@ class SystemSampler:
     def _run_ticks(self, boot_prev: float | None) -> tuple[int, dict[tuple[int, int], int]]:
         """(Δticks of the run's processes since the last tick, counters by (pid, start)).
         A process first seen now counts whole if it started after the last tick."""
-        now: dict[tuple[int, int], int] = {}
-        delta = 0
-        for pid in self._run:
-            st = procfs.read_stat(f"/proc/{pid}/stat")
-            if st is None:
-                continue
-            key = (pid, st.starttime)
-            now[key] = st.utime + st.stime
-            if key in self._run_prev:
-                delta += now[key] - self._run_prev[key]
-            elif boot_prev is not None and st.starttime + 1 > boot_prev:
-                # started since the last tick (starttime is whole clock ticks, truncated)
-                delta += now[key]
+        delta, now, _ = _cpu_ticks(self._run, self._run_prev, started_after=boot_prev)
         return delta, now
 
     def _foreign(self, run: set[int]) -> tuple[tuple[int, str, float], ...]:
