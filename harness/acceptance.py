@@ -9,9 +9,11 @@ file, stops it cleanly on Ctrl-C and turns the per-scenario documents into one v
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,6 +164,8 @@ class Plan:
     env: Mapping[str, str] = field(default_factory=dict)
     # scenarios left out before load started, with the reason (name, reason)
     excluded: tuple[tuple[str, str], ...] = ()
+    # more attempts for a scenario invalid only because the machine was disturbed
+    retry_invalid: int = 1
 
 
 @dataclass
@@ -174,6 +178,8 @@ class ScenarioRun:
     interrupted: bool = False
     started_unix: float | None = None
     elapsed_s: float = 0.0
+    # the earlier attempts of this scenario, set aside as invalid (disturbance_reasons)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -392,6 +398,21 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
             if interrupt.requested:
                 break
             run = run_one(current, name, i, len(plan.scenarios), interrupt, show)
+            while len(run.attempts) < plan.retry_invalid and not interrupt.requested:
+                reasons = retry_reasons(run, plan)
+                if not reasons:
+                    break
+                earlier = [*run.attempts, _set_aside(run, reasons)]
+                show(
+                    f"  {Path(name).stem}: INVALID — {reasons[0]}; the machine was disturbed, "
+                    f"so it runs again (attempt {len(earlier) + 1} of {plan.retry_invalid + 1}; "
+                    f"attempt {len(earlier)} kept in {earlier[-1]['dir']})"
+                )
+                run = run_one(current, name, i, len(plan.scenarios), interrupt, show)
+                run.attempts = earlier
+                if run.document is not None:
+                    for sc in run.document.get("scenarios") or []:
+                        sc["attempts"] = earlier
             if run.document is None and run.returncode == ExitCode.USAGE:
                 message = run.error or f"locust exited {int(ExitCode.USAGE)} for scenario {name}"
                 if not any(r.document is not None for r in runs):
@@ -437,6 +458,61 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     return Outcome(document=doc, exit_code=code, runs=tuple(runs))
 
 
+def retry_reasons(run: ScenarioRun, plan: Plan) -> list[str]:
+    """Why ``run`` may be run again: its validity reasons when every one of them is a
+    disturbance of the machine (``engine.disturbance_reasons``: requests that left late,
+    another tenant's CPU) and nothing else is wrong; else none. A scenario invalid for
+    what the same machine would give again (the generator saturated, a sampler gap,
+    unbalanced accounting, chaos that did not apply), one that failed a check or ended
+    with a dead server, and an attached server whose pid is gone are not retried."""
+    if run.document is None or run.interrupted:
+        return []
+    if plan.target.sut_pid is not None and not _alive(plan.target.sut_pid):
+        return []  # the next attempt could not sample the attached server
+    from harness.checks import judge_scenario, load_checklist
+    from harness.checks.engine import disturbance_reasons
+
+    overrides = load_checklist(plan.checklist) if plan.checklist is not None else None
+    reasons: list[str] = []
+    for sc in run.document.get("scenarios") or []:
+        judged = judge_scenario(copy.deepcopy(sc), overrides)
+        if judged["verdict"] != "invalid":
+            return []
+        machine = set(disturbance_reasons(sc, overrides))
+        if not set(judged["validity"]) <= machine:
+            return []
+        reasons += judged["validity"]
+    return reasons
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _set_aside(run: ScenarioRun, reasons: Sequence[str]) -> dict[str, Any]:
+    """Move an invalid attempt's directory to ``NAME.attempt-K`` (kept whole: its results,
+    samples and logs) and describe it for the results of the attempt that replaces it."""
+    k = len(run.attempts) + 1
+    kept = run.out_dir.with_name(f"{run.out_dir.name}.attempt-{k}")
+    if kept.exists():
+        shutil.rmtree(kept)  # an older acceptance run's, in the same --out
+    run.out_dir.rename(kept)
+    return {
+        "attempt": k,
+        "verdict": "invalid",
+        "validity": list(reasons),
+        "dir": kept.name,
+        "started_unix": run.started_unix,
+        "elapsed_s": round(run.elapsed_s, 3),
+    }
+
+
 def calibrated_capacity(document: Mapping[str, Any] | None) -> float | None:
     """The capacity a scenario's calibration probe measured, if it ran one."""
     for sc in (document or {}).get("scenarios") or []:
@@ -462,6 +538,10 @@ def _scenario_summary(run: ScenarioRun) -> str:
         )
         for c in failed:
             lines.append(f"    FAIL {c.get('id')}: {c.get('detail')}")
+        lines += [
+            f"    attempt {a.get('attempt')} set aside as invalid (kept in {a.get('dir')}/)"
+            for a in sc.get("attempts") or []
+        ]
     return "\n".join(lines) or f"  {name}: no scenarios in results"
 
 

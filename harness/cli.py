@@ -234,6 +234,15 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         help="with --capacity=peak: the p99 SLO (ms) of that search (default 500, the "
         "packaged steady_state SLO)",
     )
+    p.add_argument(
+        "--retry-invalid",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run a scenario up to N more times when it is invalid only because the machine "
+        "was disturbed (requests left late, another tenant's CPU); every attempt is kept "
+        "and reported (default 1; 0 = never)",
+    )
 
 
 def _add_acceptance(sub: argparse._SubParsersAction) -> None:
@@ -273,6 +282,8 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
 
     if args.target is None and args.sut_pid is not None:
         raise ConfigError("--sut-pid needs --target URL (the server's address)")
+    if args.retry_invalid < 0:
+        raise ConfigError(f"--retry-invalid has value {args.retry_invalid}; expected 0 or more")
     if args.agent is not None and args.target is None:
         raise ConfigError(
             "--agent needs --target URL (the server's address; its pid on the agent's host "
@@ -304,6 +315,7 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         checklist=Path(args.checklist) if args.checklist else None,
         duration_s=getattr(args, "duration", None),
         extra_args=tuple(extra),
+        retry_invalid=args.retry_invalid,
     )
     plan = _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
     if getattr(args, "capacity", "probe") == "peak":

@@ -98,6 +98,44 @@ def _slo_ms(result: Mapping[str, Any], overrides: Mapping[str, Any], default: fl
     return min(slos) if slos else default
 
 
+def disturbance_reasons(
+    scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The validity reasons a disturbance of the machine gives: another tenant's CPU on the
+    run's cores, and requests that left late (dispatch lag). Unlike the generator's own
+    saturation, a sampler gap or unbalanced accounting, they say the machine was not quiet
+    for this run, not that the run cannot be measured here: the same run again may be
+    valid (``harness.acceptance`` runs it once more; docs/checks.md, "Invalid runs")."""
+    overrides = overrides or {}
+    p = ValidityParams.from_mapping(overrides.get("validity"))
+    system = scenario_result.get("system") or {}
+    sys_series = system.get("series") or {}
+    reasons: list[str | None] = []
+    # another tenant on the run's cores (the sampler's unattributed CPU, minus workers
+    # started by hand that it adopted late): the server was not measured alone
+    other = sys_series.get("other_cpu_pct")
+    if other and sys_series.get("t"):
+        reasons.append(
+            v.foreign_cpu(
+                sys_series["t"],
+                other,
+                system.get("foreign_processes") or [],
+                max_pct=p.foreign_max_pct,
+                sustain_s=p.foreign_sustain_s,
+            )
+        )
+
+    lag = d.optional_hist(scenario_result.get("dispatch_lag_hdr"))
+    reasons.append(
+        v.dispatch_lag_excessive(
+            lag,
+            _slo_ms(scenario_result, overrides, p.default_slo_ms),
+            max_fraction=p.lag_max_fraction,
+        )
+    )
+    return [r for r in reasons if r]
+
+
 def validity(
     scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
 ) -> list[str]:
@@ -142,28 +180,7 @@ def validity(
             )
         )
 
-    # another tenant on the run's cores (the sampler's unattributed CPU, minus workers
-    # started by hand that it adopted late): the server was not measured alone
-    other = sys_series.get("other_cpu_pct")
-    if other and sys_series.get("t"):
-        reasons.append(
-            v.foreign_cpu(
-                sys_series["t"],
-                other,
-                system.get("foreign_processes") or [],
-                max_pct=p.foreign_max_pct,
-                sustain_s=p.foreign_sustain_s,
-            )
-        )
-
-    lag = d.optional_hist(scenario_result.get("dispatch_lag_hdr"))
-    reasons.append(
-        v.dispatch_lag_excessive(
-            lag,
-            _slo_ms(scenario_result, overrides, p.default_slo_ms),
-            max_fraction=p.lag_max_fraction,
-        )
-    )
+    reasons += disturbance_reasons(scenario_result, overrides)
 
     server = scenario_result.get("server")
     if server:

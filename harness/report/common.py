@@ -152,6 +152,20 @@ def verdict_sentence(doc: Mapping[str, Any]) -> str:
     return line
 
 
+def earlier_attempts(sc: Mapping[str, Any]) -> list[str]:
+    """One line per attempt of this scenario set aside as invalid because the machine was
+    disturbed (``attempts``, harness.acceptance): these numbers come from the attempt
+    after them, and the earlier ones are kept in their own directories."""
+    lines = []
+    for a in sc.get("attempts") or []:
+        why = "; ".join(str(r) for r in a.get("validity") or []) or "no reason recorded"
+        lines.append(
+            f"attempt {a.get('attempt')} was invalid and was run again — {why} "
+            f"(kept in {a.get('dir')}/)"
+        )
+    return lines
+
+
 def invalid_reasons(sc: Mapping[str, Any]) -> list[str]:
     """Why a scenario run was invalid: its ``validity`` reasons, else its failed checks."""
     reasons = sc.get("validity")

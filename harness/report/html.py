@@ -19,6 +19,7 @@ from harness.report.common import (
     check_state,
     count_checks,
     document_counts,
+    earlier_attempts,
     error_total,
     excluded_scenarios,
     fmt_num,
@@ -345,6 +346,7 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
         parts.append(
             '<p class="fail">Partial: the scenario was interrupted before it finished.</p>'
         )
+    parts += [f'<p class="invalid">{esc(a)}</p>' for a in earlier_attempts(sc)]
     if verdict == "invalid":
         parts += [
             f'<p class="invalid">Run invalid, judges nothing: {esc(r)}</p>'

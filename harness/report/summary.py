@@ -17,6 +17,7 @@ from harness.report.common import (
     VERDICT_WORDS,
     check_state,
     count_checks,
+    earlier_attempts,
     excluded_scenarios,
     fmt_num,
     fmt_threshold,
@@ -126,6 +127,8 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
     lines = [head, ""]
     if sc.get("partial"):
         lines += ["_Partial run: interrupted before the scenario finished._", ""]
+    if sc.get("attempts"):
+        lines += [f"> 🔁 {md(a)}" for a in earlier_attempts(sc)] + [""]
     if verdict == "invalid":
         lines += [f"> ⚠️ Run invalid, judges nothing: {md(r)}" for r in invalid_reasons(sc)] + [""]
     if verdict == "not_judged":

@@ -298,6 +298,20 @@ class ScenarioResult(TypedDict):
     sut: NotRequired[dict[str, Any] | None]  # merged runs: this scenario's own server
     loadgen: NotRequired[dict[str, Any] | None]
     server_stats: NotRequired[ServerStats]  # the server's statistics extension
+    attempts: NotRequired[list[Attempt]]  # earlier attempts set aside as invalid
+
+
+class Attempt(TypedDict):
+    """An earlier attempt of the scenario, invalid only because the machine was disturbed
+    (requests that left late, another tenant's CPU) and run again (``--retry-invalid``);
+    its whole directory is kept as ``dir`` beside the scenario's."""
+
+    attempt: int
+    verdict: Literal["invalid"]
+    validity: list[str]
+    dir: str
+    started_unix: float | None
+    elapsed_s: float
 
 
 class Excluded(TypedDict):
