@@ -166,6 +166,9 @@ class Plan:
     excluded: tuple[tuple[str, str], ...] = ()
     # more attempts for a scenario invalid only because the machine was disturbed
     retry_invalid: int = 1
+    # the load generator's cores (the Locust process, its workers, the sampler), apart
+    # from a server the harness starts on this host (core_split); None = not pinned
+    loadgen_cores: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -237,6 +240,27 @@ def scenario_argv(plan: Plan, name: str, out_dir: Path) -> list[str]:
     return argv
 
 
+def core_split(sut_cores: str | None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(server's cores, generator's cores) for a server the harness starts on this host,
+    when they can be apart; else None (nothing pinned). ``sut_cores`` is --sut-cores as
+    given, or None for the default split (``harness.sut.choose_cores``: the server on the
+    upper half of this process's cores, the generator on the rest). The generator — the
+    Locust process, its workers, the sampler — then runs where the server does not, so it
+    neither takes CPU from the server it measures nor waits behind the server's threads
+    to send on time. A server given every core shares them with the generator."""
+    from harness import sut
+
+    available = sut.available_cores()
+    if sut_cores is None:
+        split = sut.choose_cores(available)
+    else:
+        cores = sut.parse_cores(sut_cores)
+        split = sut.CoreSplit(sut=cores, loadgen=tuple(c for c in available if c not in cores))
+    if split.shared or not split.loadgen:
+        return None
+    return split.sut, split.loadgen
+
+
 def _read_progress(out_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((out_dir / "progress.json").read_text())
@@ -277,6 +301,12 @@ def run_one(
     run = ScenarioRun(name=name, out_dir=out_dir)
     log_path = out_dir / "locust.log"
     env = {**os.environ, **plan.env, **plan.target.locust_env(), PARENT_RENDERS_ENV: "1"}
+    loadgen = plan.loadgen_cores
+
+    def pin() -> None:  # in the child between fork and exec: every thread inherits it
+        if loadgen is not None:
+            os.sched_setaffinity(0, loadgen)
+
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             scenario_argv(plan, name, out_dir),
@@ -284,6 +314,7 @@ def run_one(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # our Ctrl-C reaches it only as the SIGTERM we send
             env=env,
+            preexec_fn=pin if loadgen is not None else None,
         )
         started = time.monotonic()
         run.started_unix = time.time()

@@ -305,6 +305,17 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
 
         load_checklist(args.checklist)  # a bad checklist fails before any load runs
     extra = list(args.locust_arg)
+    loadgen_cores = None
+    if target.sut_cmd is not None and target.agent_url is None:
+        from harness.acceptance import core_split
+
+        split = core_split(args.sut_cores)
+        if split is not None:
+            # Locust runs on the generator's cores, so it is told the server's (it would
+            # otherwise split its own, narrower affinity)
+            loadgen_cores = split[1]
+            if not args.sut_cores:
+                extra += ["--sut-cores", ",".join(map(str, split[0]))]
     if args.sut_cores:
         extra += ["--sut-cores", args.sut_cores]
     plan = Plan(
@@ -316,6 +327,7 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         duration_s=getattr(args, "duration", None),
         extra_args=tuple(extra),
         retry_invalid=args.retry_invalid,
+        loadgen_cores=loadgen_cores,
     )
     plan = _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
     if getattr(args, "capacity", "probe") == "peak":

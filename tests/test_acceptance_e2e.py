@@ -7,6 +7,7 @@ the whole quick checklist, run exactly as the README's first command runs it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,11 @@ def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
                 assert c["id"] in verdict_line, f"{c['id']} skipped: {c['skipped']}"
             else:
                 assert c["passed"] is True, c
+    # the server and the generator ran apart: the server on its cores, Locust and its
+    # sampler on the rest (harness.acceptance.core_split)
+    if len(os.sched_getaffinity(0)) > 1:
+        assert doc["sut"]["cores"] and doc["loadgen"]["cores"], (doc["sut"], doc["loadgen"])
+        assert set(doc["sut"]["cores"]).isdisjoint(doc["loadgen"]["cores"])
     # one calibration for the whole checklist, pinned for the scenarios after it
     assert sum(1 for sc in doc["scenarios"] if sc.get("calibration")) == 1
     assert len({sc["capacity_rps"] for sc in doc["scenarios"] if sc.get("capacity_rps")}) == 1

@@ -288,6 +288,7 @@ class Target:
     pid: int | None
     model: str | None = None
     extra_args: tuple[str, ...] = ()
+    loadgen_cores: tuple[int, ...] | None = None  # acceptance.core_split's, when apart
 
 
 def run_point(
@@ -315,6 +316,7 @@ def run_point(
         out_dir=out_dir,
         target=RunTarget(url=target.url, sut_pid=target.pid, model=target.model),
         extra_args=target.extra_args,
+        loadgen_cores=target.loadgen_cores,
     )
     run = run_one(plan, str(toml), index, 0, interrupt, show)
     if run.document is None or not run.document.get("scenarios"):
@@ -515,9 +517,13 @@ def target_for(
                 f"--sut-cmd has value {sut_cmd!r}: no {{port}} placeholder; the harness picks "
                 "the port, e.g. 'python -m reference_server --port {port}'"
             )
+        from harness.acceptance import core_split
+
+        split = core_split(sut_cores)
         with ManagedServer(sut_cmd, cores=sut_cores, log_path=log_path) as server:
             desc = {**server.proc.describe(), "time_to_ready_s": server.time_to_ready_s}
-            yield Target(server.url, server.pid, model, extra_args), server.alive, desc
+            loadgen = split[1] if split is not None else None
+            yield Target(server.url, server.pid, model, extra_args, loadgen), server.alive, desc
         return
     assert url is not None
     yield (
