@@ -40,6 +40,7 @@ if not (CHROMIUM and CHROMEDRIVER):
         allow_module_level=True,
     )
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 SERVER = f"{sys.executable} -m reference_server --model mlp --port {{port}} --workers {{threads}}"
@@ -66,9 +67,15 @@ def _wait_http(url: str, timeout: float = 60.0) -> None:
 
 
 def _until(what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
+    """``probe()`` until it returns something truthy. An element React re-rendered between
+    being found and being read (StaleElementReferenceException, seen in a fresh-clone CI
+    run as the New button appeared) is "not yet", not a failure: probe again."""
     end = time.monotonic() + timeout
     while True:
-        got = probe()
+        try:
+            got = probe()
+        except StaleElementReferenceException:
+            got = None
         if got:
             return got
         if time.monotonic() > end:
@@ -129,12 +136,21 @@ class Ui:
             box.clear()
             box.send_keys(value)
 
+    def _click(self, text: str) -> bool:
+        """Click the displayed button labelled ``text``; False while there is none (a
+        stale one counts as none: _until probes again)."""
+        buttons = self._buttons(text)
+        if not buttons:
+            return False
+        buttons[0].click()
+        return True
+
     def start(self) -> None:
-        self._buttons("start")[0].click()
+        _until("the Start button", lambda: self._click("start"), 10, 0.3)
 
     def new_run(self) -> None:
         """After a run: Locust's "New" button opens the start form again."""
-        _until("the New button", lambda: self._buttons("new"), 60, 0.5)[0].click()
+        _until("the New button", lambda: self._click("new"), 60, 0.5)
         _until("the start form", lambda: self._buttons("start"), 30, 0.3)
 
     def checklist(self) -> dict[str, list[dict[str, str]]]:
