@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 import locustfiles
 from harness.errors import ConfigError, ExitCode, HarnessError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV, finish
@@ -242,23 +244,14 @@ def scenario_argv(plan: Plan, name: str, out_dir: Path) -> list[str]:
 
 def core_split(sut_cores: str | None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(server's cores, generator's cores) for a server the harness starts on this host,
-    when they can be apart; else None (nothing pinned). ``sut_cores`` is --sut-cores as
-    given, or None for the default split (``harness.sut.choose_cores``: the server on the
-    upper half of this process's cores, the generator on the rest). The generator — the
-    Locust process, its workers, the sampler — then runs where the server does not, so it
-    neither takes CPU from the server it measures nor waits behind the server's threads
-    to send on time. A server given every core shares them with the generator."""
+    when they can be apart (``harness.sut.split_cores``); else None (nothing pinned). The
+    generator — the Locust process, its workers, the sampler — then runs where the server
+    does not, so it neither takes CPU from the server it measures nor waits behind the
+    server's threads to send on time. A server given every core shares them."""
     from harness import sut
 
-    available = sut.available_cores()
-    if sut_cores is None:
-        split = sut.choose_cores(available)
-    else:
-        cores = sut.parse_cores(sut_cores)
-        split = sut.CoreSplit(sut=cores, loadgen=tuple(c for c in available if c not in cores))
-    if split.shared or not split.loadgen:
-        return None
-    return split.sut, split.loadgen
+    split = sut.split_cores(sut_cores)
+    return None if split.shared else (split.sut, split.loadgen)
 
 
 def _read_progress(out_dir: Path) -> dict[str, Any] | None:
@@ -304,8 +297,7 @@ def run_one(
     loadgen = plan.loadgen_cores
 
     def pin() -> None:  # in the child between fork and exec: every thread inherits it
-        if loadgen is not None:
-            os.sched_setaffinity(0, loadgen)
+        os.sched_setaffinity(0, loadgen or ())
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -498,7 +490,7 @@ def retry_reasons(run: ScenarioRun, plan: Plan) -> list[str]:
     with a dead server, and an attached server whose pid is gone are not retried."""
     if run.document is None or run.interrupted:
         return []
-    if plan.target.sut_pid is not None and not _alive(plan.target.sut_pid):
+    if plan.target.sut_pid is not None and not psutil.pid_exists(plan.target.sut_pid):
         return []  # the next attempt could not sample the attached server
     from harness.checks import judge_scenario, load_checklist
     from harness.checks.engine import disturbance_reasons
@@ -514,16 +506,6 @@ def retry_reasons(run: ScenarioRun, plan: Plan) -> list[str]:
             return []
         reasons += judged["validity"]
     return reasons
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _set_aside(run: ScenarioRun, reasons: Sequence[str]) -> dict[str, Any]:

@@ -77,6 +77,18 @@ def choose_cores(available: Sequence[int] | None = None, sut_count: int | None =
     return CoreSplit(sut=cores[n - sut_count :], loadgen=cores[: n - sut_count])
 
 
+def split_cores(given: str | None, available: Sequence[int] | None = None) -> CoreSplit:
+    """The server's and the load generator's cores for ``--sut-cores`` as given (the
+    generator gets the rest of ``available``), or the default split (``choose_cores``)
+    when None. A server given every available core shares them (``shared``)."""
+    cores = tuple(sorted(available if available is not None else available_cores()))
+    if not given:
+        return choose_cores(cores)
+    sut_cores = parse_cores(given)
+    rest = tuple(c for c in cores if c not in sut_cores)
+    return CoreSplit(sut=sut_cores, loadgen=rest or cores)
+
+
 def parse_cores(text: str) -> tuple[int, ...]:
     """``"0,2-3"`` → ``(0, 2, 3)`` (taskset -c syntax)."""
     out: set[int] = set()

@@ -54,7 +54,7 @@ def server_cores(facts: TargetFacts) -> tuple[int, ...] | None:
     from harness import sut
 
     if facts.sut_cmd:
-        return sut.parse_cores(facts.sut_cores) if facts.sut_cores else sut.choose_cores().sut
+        return sut.split_cores(facts.sut_cores).sut
     if facts.remote_cores is not None:
         return facts.remote_cores
     if facts.sut_pid is not None:

@@ -111,7 +111,7 @@ class SutControl:
                 return None
             if h is not None:
                 self.stop()
-            cores = sut.parse_cores(o.sut_cores) if o.sut_cores else sut.choose_cores().sut
+            cores = sut.split_cores(o.sut_cores).sut
             # linearity: the first stage's thread count (expanded for these cores)
             stages = scenario.with_cores(len(cores)).stages
             threads = next((st.threads for st in stages if st.threads), 1)

@@ -248,7 +248,7 @@ class ManagedServer:
     ) -> None:
         from harness import sut
 
-        split = sut.parse_cores(cores) if cores else sut.choose_cores().sut
+        split = sut.split_cores(cores).sut
         self.proc = sut.SutProcess(cmd, cores=split, log_path=log_path)
         self.ready_timeout_s = ready_timeout_s
         self.time_to_ready_s: float | None = None
