@@ -230,7 +230,12 @@ def _landscape(cfg) -> float:
     return mb * delay * w
 
 
-def _fake_measure(calls: list[str], stop_after: int | None = None, planted: str | None = None):
+def _fake_measure(
+    calls: list[str],
+    stop_after: int | None = None,
+    planted: str | None = None,
+    invalid: tuple[str, ...] = (),
+):
     def measure(cfg, pc, points, on_point):
         if stop_after is not None and len(calls) >= stop_after:
             raise KeyboardInterrupt
@@ -240,6 +245,11 @@ def _fake_measure(calls: list[str], stop_after: int | None = None, planted: str 
             Point(peak, "met", p99_ms=50.0, cpu_ms_per_request=1000.0 / peak),
             Point(peak * 1.05, "missed", p99_ms=150.0),
         ]
+        if key(cfg) in invalid:  # the box was the limit: the first rate invalid every try
+            pts = [Point(peak, "invalid", reasons=("dispatch lag",))] * INVALID_TRIES
+            for p in pts:
+                on_point(p)
+            return pts, "invalid 3 times (the load generator, not the server, was the limit)"
         for p in pts:
             on_point(p)
         return pts, "interval within tolerance"
@@ -548,3 +558,50 @@ def test_issue14_classify_reads_the_runs_own_judgement() -> None:
     assert bad.outcome == "invalid" and "dispatch lag" in bad.reasons[0]
     died = classify(_sc(ok, sut_exit={"cause": "exit 1"}), cfg)
     assert died.outcome == "missed"  # a server that died did not sustain the rate
+
+
+def test_issue14_a_search_with_every_point_invalid_is_no_verdict_not_none_met() -> None:
+    """Every point invalid is no evidence: the estimate says the generator was the limit
+    (exit 3), never "no rate met the SLO" (exit 1, a verdict it did not measure)."""
+    from harness.peak.runner import exit_code as peak_exit
+
+    s = PeakSearch(SearchParams(start_rps=300.0, repeats=3))
+    for _ in range(INVALID_TRIES):
+        s.record(Point(s.next_step().rate_rps, "invalid", reasons=("dispatch lag",)))
+    assert s.next_step().stop == "generator"
+    est = s.estimate()
+    assert est.low_rps is None and est.limit == "generator"
+    assert peak_exit({"estimate": est.as_dict(), "peak_rps": None}) == 3
+    # judged and missed down to the floor: that is a verdict
+    s = _drive(PeakSearch(SearchParams(start_rps=100.0, min_rps=10.0)), _deterministic(1.0))
+    assert s.estimate().limit == "none_met"
+
+
+def test_issue14_a_configuration_never_validly_measured_is_not_ranked_pruned_or_passed(
+    tmp_path,
+) -> None:
+    """A configuration whose every point was invalid has no peak (not 0 req/s): it ranks
+    after every measured one, prunes nothing, the climb goes on past it, and the tune exits
+    3 naming it — its recommendation is the best of the rest, not an earned answer."""
+    from harness.peak.report import tune_markdown, tune_sentence
+    from harness.peak.tune import exit_code as tune_exit
+
+    sp = _space()
+    best = max(sp.all(), key=_landscape)
+    calls: list[str] = []
+    lost = "max_batch=4,delay=1,workers=1"  # the default's neighbour on the way to the best
+    t = Tuner(_tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(calls, invalid=(lost,)))
+    summary = t.run()
+    assert lost in calls
+    ranked = summary["ranked"]
+    assert ranked[-1]["key"] == lost and ranked[-1]["peak_rps"] is None
+    assert all(r["peak_rps"] is not None for r in ranked[:-1])
+    assert not any(lost in p["reason"] for p in summary["pruned"])
+    assert summary["recommended"] == key(best)  # the climb went round it
+    assert tune_exit(summary) == 3
+    assert "NOT a full answer" in tune_sentence(summary) and lost in tune_sentence(summary)
+    doc = {"tune": summary, "harness": {}}
+    assert "not measured" in tune_markdown(doc)
+    # the same tune with every configuration measurable passes
+    ok = Tuner(_tc(sp), tmp_path / "ok", show=lambda s: None, measure=_fake_measure([]))
+    assert tune_exit(ok.run()) == 0

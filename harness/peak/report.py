@@ -267,6 +267,11 @@ def peak_html(doc: Mapping[str, Any]) -> str:
 def tune_sentence(tune: Mapping[str, Any]) -> str:
     rec = tune.get("recommended")
     if not rec:
+        if any(r.get("peak_rps") is None for r in tune.get("ranked") or []):
+            return (
+                "No recommendation: no configuration measured met the SLO, and some could "
+                "not be measured at all (every point invalid)."
+            )
         return "No configuration met the SLO at any rate measured: nothing to recommend."
     top = (tune.get("ranked") or [{}])[0]
     text = f"Recommended: {rec} — peak {top['peak_rps']:.1f} req/s under the SLO"
@@ -278,6 +283,12 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
         text += f"; the default ({tune['default']}) met the SLO at no rate measured"
     if tune.get("margin_over_worst") is not None:
         text += f" and {tune['margin_over_worst']:+.0%} over the worst measured ({tune['worst']})"
+    lost = [r["key"] for r in tune.get("ranked") or [] if r.get("peak_rps") is None]
+    if lost:
+        text += (
+            f". NOT a full answer: {len(lost)} configuration(s) could not be measured (every "
+            f"point invalid — the box or the load generator was the limit): {', '.join(lost)}"
+        )
     return text + "."
 
 
@@ -311,7 +322,7 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
             [
                 str(i),
                 r["key"],
-                _n(r.get("peak_rps")),
+                "not measured" if r.get("peak_rps") is None else _n(r.get("peak_rps")),
                 _n(r.get("upper_rps")),
                 f"{_n(r.get('p50_at_peak_ms'))} / {_n(r.get('p99_at_peak_ms'))}",
                 _n(r.get("cpu_ms_per_request"), 2),

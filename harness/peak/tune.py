@@ -225,7 +225,11 @@ def config_result(
         "key": key(cfg),
         "config": dict(cfg),
         "cmd": cmd,
-        "peak_rps": est.low_rps or 0.0,
+        # None: not measured — every point invalid (the box or the load generator was the
+        # limit), so neither a peak nor a failure; 0.0: judged, and no rate met the SLO
+        "peak_rps": est.low_rps
+        if est.low_rps is not None
+        else (0.0 if est.limit == "none_met" else None),
         "upper_rps": est.high_rps,
         "limit": est.limit,
         "repeats": repeats,
@@ -244,6 +248,8 @@ def config_result(
 def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping[str, Any]]:
     """Best first: the highest peak under the SLO; peaks within ``tolerance`` of the best
     peak of their group are a tie, broken by CPU per request (lower first), then by key."""
+    unmeasured = sorted((r for r in results if r["peak_rps"] is None), key=lambda r: r["key"])
+    results = [r for r in results if r["peak_rps"] is not None]
     ordered = sorted(results, key=lambda r: (-float(r["peak_rps"] or 0.0), r["key"]))
     out: list[Mapping[str, Any]] = []
     i = 0
@@ -261,7 +267,7 @@ def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping
         )
         out += group
         i += len(group)
-    return out
+    return out + unmeasured  # last: no evidence to rank them on
 
 
 def pareto(results: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -407,9 +413,7 @@ class Tuner:
             return self.results[k]
         done = self.state.done(k)
         if done is not None:
-            self.show(
-                f"[{len(self.results) + 1}] {k}: from {STATE} (peak {done['peak_rps']:.1f} req/s)"
-            )
+            self.show(f"[{len(self.results) + 1}] {k}: from {STATE} ({_peak_text(done)})")
             self.results[k] = done
             return done
         prior = self.state.points(k)
@@ -432,7 +436,7 @@ class Tuner:
         self.state.finish(k, res)
         self.results[k] = res
         self.show(
-            f"    → peak {res['peak_rps']:.1f} req/s under the SLO"
+            f"    → {_peak_text(res)}"
             + (f", p99 {res['p99_at_peak_ms']:.1f} ms" if res.get("p99_at_peak_ms") else "")
             + (
                 f", {res['cpu_ms_per_request']:.2f} CPU ms/request"
@@ -466,10 +470,16 @@ class Tuner:
                 if key(nb) in self.pruned:
                     continue
                 r = self.evaluate(nb, _hint(best_r, None))
-                if float(r["peak_rps"]) < float(best_r["peak_rps"]) * (1 - self.tc.prune_margin):
+                if r["peak_rps"] is None:  # not measured: no evidence to prune or climb on
+                    continue
+                base = best_r["peak_rps"]  # None: the current best could not be measured
+                if base is not None and float(r["peak_rps"]) < float(base) * (
+                    1 - self.tc.prune_margin
+                ):
                     # a dominated direction: the values further along it are not measured
                     self._prune_beyond(nb, dim, d, r, best_r)
-                if float(r["peak_rps"]) > float(best_r["peak_rps"]) * (1 + tol / 2) and (
+                beats = base is None or float(r["peak_rps"]) > float(base) * (1 + tol / 2)
+                if beats and (
                     improved is None or float(r["peak_rps"]) > float(improved[1]["peak_rps"])
                 ):
                     improved = (nb, r)
@@ -547,6 +557,17 @@ class Tuner:
         }
 
 
+def _peak_text(r: Mapping[str, Any]) -> str:
+    if r.get("peak_rps") is None:
+        return "not measured: every point invalid"
+    return f"peak {float(r['peak_rps']):.1f} req/s under the SLO"
+
+
+def unmeasured(summary: Mapping[str, Any]) -> list[str]:
+    """Configurations the search set out to measure and could not (every point invalid)."""
+    return [r["key"] for r in summary.get("ranked") or [] if r.get("peak_rps") is None]
+
+
 def _hint(r: Mapping[str, Any], prev: float | None) -> float | None:
     """Where the next configuration's bracketing starts: 0.8 x the best peak seen (the
     search goes up by 1.5 x or down by 0.5 x from there)."""
@@ -561,6 +582,11 @@ def _dirname(cfg: Config) -> str:
 
 
 def exit_code(summary: Mapping[str, Any]) -> ExitCode:
+    """0: a recommendation over every configuration the search set out to measure; 1: none
+    met the SLO; 3: one or more could not be measured (every point invalid), so the
+    recommendation is only the best of the rest — not earned."""
+    if unmeasured(summary):
+        return ExitCode.INVALID
     return ExitCode.PASS if summary.get("recommended") else ExitCode.FAIL
 
 
