@@ -732,7 +732,9 @@ def _add_peak_options(p: argparse.ArgumentParser) -> None:
         default=60.0,
         help="longest measured part of a point (default 60 s)",
     )
-    p.add_argument("--max-points", type=int, default=30, help="point budget (default 30)")
+    p.add_argument(
+        "--max-points", type=int, default=30, help="point budget (peak: 48, tune: 16 each)"
+    )
     p.add_argument(
         "--locust-arg",
         action="append",
@@ -756,16 +758,17 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
         min_point_s=args.min_point_s,
         max_point_s=args.max_point_s,
         max_points=args.max_points,
+        precision=getattr(args, "precision", None) or None,
     ).validate()
 
 
 def _add_repeats(p: argparse.ArgumentParser, default: int) -> None:
-    conf = f"{1 - 2 * 0.5**default:.1%}".replace(".0%", "%").replace("%", " %%")
     p.add_argument(
         "--repeats",
         type=int,
         default=default,
-        help=f"outcomes per edge rate (default {default}: {conf} confidence; 1: no edge repeats)",
+        help=f"outcomes per edge rate: L must meet the SLO and U miss it in every one "
+        f"(default {default}; 1: no edge repeats)",
     )
 
 
@@ -791,11 +794,20 @@ def _add_peak(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sut-cores", default=None, help="cores for a started server, e.g. 1")
     p.add_argument("--model", default=None, help="model name (default: the server's own)")
     p.add_argument("--out", default="harness-results/peak", help="output directory")
-    # 3 (75 %): at 4 the edge on a shared 2-core box is mixed often enough that one run
+    # 3: at 4 the edge on a shared 2-core box is mixed often enough that one run
     # of two spent its 30-point budget before the repeats held (interval 44 % wide)
     _add_repeats(p, 3)
     _add_peak_options(p)
-    p.set_defaults(handler=_run_peak)
+    p.add_argument(
+        "--precision",
+        type=_fraction,
+        default=0.15,
+        help="after the edge repeats, measure near the fitted edge until its 95 %% interval "
+        "is at most this fraction of the peak (default 0.15; 0: no refine phase)",
+    )
+    # the refine phase needs points: a gradual edge (outcomes mixed over +-10 %) takes
+    # ~25-45 of them to reach 15 % (tests/test_issue14_edge_fit.py)
+    p.set_defaults(handler=_run_peak, max_points=48)
 
 
 def _peak_target(args: argparse.Namespace) -> dict[str, Any]:

@@ -51,19 +51,28 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
             "budget": f"the search stopped early ({est.get('note')})",
         }.get(str(limit), str(limit))
         return f"Peak >= {lo:.1f} req/s (SLO held there); no upper bound: {why}."
-    conf = est.get("confidence") or 0.0
     source = peak.get("peak_from")
-    base = (
+    reps = peak.get("repeats")
+    head = (
         f"Peak {pk:.1f} req/s under p99 <= {slo:g} ms (errors <= "
         f"{float(peak.get('max_error_rate') or 0):.1%}"
         + (f"; the {source}" if source == "logistic edge" else "")
-        + f"): interval [{lo:.1f}, {hi:.1f}] req/s"
+        + ")"
     )
-    if conf > 0:
+    if peak.get("interval_from") == "edge_ci":
+        ilo, ihi = peak["interval_rps"]
+        n = (peak.get("edge_fit") or {}).get("n")
         return (
-            base + f" — the SLO held at {lo:.1f} in all {peak.get('repeats')} repeats and was "
-            f"missed at {hi:.1f} in all {peak.get('repeats')}; the edge lies between with "
-            f"{conf:.0%} confidence."
+            head + f": 95 % interval [{ilo:.1f}, {ihi:.1f}] req/s "
+            f"({(ihi - ilo) / pk:.0%} of the peak; a logistic fit of met/missed over all "
+            f"{n} judged points). The SLO held at {lo:.1f} in all {reps} repeats and was "
+            f"missed at {hi:.1f} in all {reps}."
+        )
+    base = head + f": interval [{lo:.1f}, {hi:.1f}] req/s"
+    if est.get("confidence"):
+        return (
+            base + f" — the SLO held at {lo:.1f} in all {reps} repeats and was missed at "
+            f"{hi:.1f} in all {reps}; the edge (the rate met half the time) lies between."
         )
     if limit == "budget":
         return base + f" — the search stopped before its repeats ({est.get('note')})."
@@ -107,11 +116,12 @@ def curve_figure(peak: Mapping[str, Any]) -> Any:
         rates, [y if y is not None else math.nan for y in p50], ".-", color="#457b9d", label="p50"
     )
     ax.axhline(slo, color="#e63946", ls="--", lw=1, label=f"SLO {slo:g} ms")
-    est = peak.get("estimate") or {}
-    if est.get("low_rps") and est.get("high_rps"):
-        ax.axvspan(
-            est["low_rps"], est["high_rps"], color="#f4a261", alpha=0.3, label="peak interval"
-        )
+    ilo, ihi = peak.get("interval_rps") or [None, None]
+    if ilo and ihi:
+        what = "95 % interval" if peak.get("interval_from") == "edge_ci" else "[L, U]"
+        ax.axvspan(ilo, ihi, color="#f4a261", alpha=0.3, label=f"peak {what}")
+    if peak.get("peak_rps"):
+        ax.axvline(peak["peak_rps"], color="#f4a261", lw=1.5)
     if peak.get("knee_rps"):
         ax.axvline(peak["knee_rps"], color="#6a4c93", ls=":", lw=1.5, label="knee")
     ax.set_yscale("log")

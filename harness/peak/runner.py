@@ -64,6 +64,9 @@ class PeakConfig:
     # tune: below this rate a configuration is out of the running (its peak is "below
     # floor_rps", not searched further: a dominated configuration costs few points)
     floor_rps: float | None = None
+    # the refine phase (search.SearchParams.precision): harness peak's --precision; None
+    # for tune and --capacity=peak, whose answers are [L, U] from the repeats alone
+    precision: float | None = None
 
     def validate(self) -> PeakConfig:
         def bad(flag: str, value: Any, valid: str) -> ConfigError:
@@ -78,7 +81,7 @@ class PeakConfig:
         if not 0 < self.tolerance < 1:
             raise bad("--tolerance", self.tolerance, "a fraction in (0, 1), e.g. 0.05")
         if not 1 <= self.repeats <= 10:
-            raise bad("--repeats", self.repeats, "an integer in 1..10 (3: 75 % confidence)")
+            raise bad("--repeats", self.repeats, "an integer in 1..10, e.g. 3")
         if self.start_rps is not None and not self.start_rps > 0:
             raise bad("--start-rps", self.start_rps, "a rate in req/s > 0")
         if not (self.warmup_s >= 0 and 0 < self.min_point_s <= self.max_point_s):
@@ -89,6 +92,8 @@ class PeakConfig:
             )
         if self.max_points < 2:
             raise bad("--max-points", self.max_points, "an integer >= 2")
+        if self.precision is not None and not 0 < self.precision < 1:
+            raise bad("--precision", self.precision, "a fraction in (0, 1), e.g. 0.15")
         return self
 
     @property
@@ -396,6 +401,7 @@ def _params(cfg: PeakConfig, start: float) -> SearchParams:
         repeats=cfg.repeats,
         max_points=cfg.max_points,
         min_rps=cfg.floor_rps or 1.0,
+        precision=cfg.precision,
     )
 
 
@@ -427,7 +433,7 @@ def summarize(
     )
     calibration = next((p.capacity_rps for p in s.points if p.capacity_rps), None)
     fit = fit_edge(s.points)
-    headline, source = headline_peak(est, fit)
+    headline, source, interval, interval_from = headline_peak(est, fit, cfg.precision)
     return {
         "slo_p99_ms": cfg.slo_p99_ms,
         "max_error_rate": cfg.max_error_rate,
@@ -440,7 +446,11 @@ def summarize(
         "estimate": est.as_dict(),
         "peak_rps": headline,
         "peak_from": source,
-        "interval_rps": [est.low_rps, est.high_rps],
+        # the stated interval: the fitted edge's 95 % interval when the refine phase ran
+        # and closed it, else [L, U] from the repeats; band_rps is always [L, U]
+        "interval_rps": list(interval),
+        "interval_from": interval_from,
+        "band_rps": [est.low_rps, est.high_rps],
         "knee_rps": knee(s.points),
         "edge_fit": fit.as_dict() if fit else None,
         "calibration_rps": calibration,
@@ -452,19 +462,29 @@ def summarize(
     }
 
 
-def headline_peak(est: Estimate, fit: EdgeFit | None) -> tuple[float | None, str]:
-    """The peak printed, and where it comes from.
+def headline_peak(
+    est: Estimate, fit: EdgeFit | None, precision: float | None = None
+) -> tuple[float | None, str, tuple[float | None, float | None], str]:
+    """The peak printed, where it comes from, the stated interval and what it is.
 
-    The logistic edge (the rate a point meets the SLO half the time, fitted to every
-    judged point) when it lies inside [L, U]: it uses the bracketing and bisection points
-    as well as the edge repeats, so it is not tied to the bisection's grid the way the
-    midpoint of [L, U] is (two runs that end one tolerance step apart differ by a whole
-    step in the midpoint). Otherwise — no fit (too few mixed outcomes), or a fit outside
-    the interval the repeats proved — the midpoint. [L, U] stays the stated interval."""
+    With the refine phase (``precision``) and a fit whose 95 % interval is closed: the
+    fitted edge and that interval — a confidence interval of the printed number, from
+    every judged point, whose coverage is measured (tests/test_issue14_edge_fit.py).
+    Otherwise [L, U] from the repeats is the interval, and the peak is the logistic edge
+    when it lies inside it (it uses the bracketing and bisection points too, so it is not
+    tied to the bisection's grid the way the midpoint is), else the midpoint."""
     lo, hi = est.low_rps, est.high_rps
+    if (
+        precision is not None
+        and fit is not None
+        and lo is not None
+        and None not in fit.ci_rps
+        and est.limit == "slo"
+    ):
+        return fit.edge_rps, "logistic edge", fit.ci_rps, "edge_ci"
     if fit is not None and lo is not None and hi is not None and lo <= fit.edge_rps <= hi:
-        return fit.edge_rps, "logistic edge"
-    return est.peak_rps, "midpoint of [L, U]" if hi is not None else "L"
+        return fit.edge_rps, "logistic edge", (lo, hi), "repeats"
+    return est.peak_rps, "midpoint of [L, U]" if hi is not None else "L", (lo, hi), "repeats"
 
 
 def exit_code(peak: Mapping[str, Any]) -> ExitCode:

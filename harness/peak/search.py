@@ -11,11 +11,19 @@ phase*: the two rates bounding the final interval are measured again until each 
 tolerance step outward until it holds. The result is an interval [L, U]: at L the SLO
 held in every repeat, at U it was missed in every repeat.
 
-What the interval is worth: let p(x) be the chance that one point at rate x meets the
-SLO, falling with x, and the edge e the rate with p(e) = ½. If e < L then p(L) < ½ and
-``repeats`` independent passes at L had probability < ½^repeats; likewise at U. So
-[L, U] holds the edge with confidence ≥ 1 − 2·½^repeats (75 % at 3 repeats, 87.5 % at
-4) — distribution-free, assuming only that p falls with the rate.
+What [L, U] is worth: let p(x) be the chance that one point at rate x meets the SLO,
+falling with x, and the edge e the rate with p(e) = ½. For a rate fixed in advance, if
+e < L then ``repeats`` independent passes at L had probability < ½^repeats — nominally
+1 − 2·½^repeats (75 % at 3 repeats). But the search picks L and U *after* seeing the
+outcomes (a mixed bound moves until it holds), and that selection costs coverage on a
+gradual edge: over 300 simulated searches [L, U] held the edge 89 % of the time when
+outcomes turn within ±2 % of it, 83 % within ±6 % and 67 % within ±12 % — below the
+nominal 75 %. So `harness peak` states another interval: after the edge repeats, a
+*refine phase* measures at the fitted logistic's D-optimal rates (edge ∓ 1.54 scale)
+until the fitted edge's 95 % profile-likelihood interval (Firth-penalized, see EdgeFit)
+is within ``precision`` of it; that interval's coverage is measured in
+tests/test_issue14_edge_fit.py. [L, U] stays in the results as what the repeats showed,
+and is what `harness tune` ranks on (its peak is L).
 
 A point is one measurement at one rate; its ``outcome`` is ``met`` (p99 over all
 requests and the error rate within their limits, with enough samples), ``missed``,
@@ -114,7 +122,9 @@ class SearchParams:
 
 
 def edge_confidence(repeats: int) -> float:
-    """Confidence that [L, U] holds the rate where a point meets the SLO half the time."""
+    """The nominal confidence that [L, U] holds the edge, for bounds fixed in advance; the
+    search's bounds are chosen after the outcomes, and hold less often on a gradual edge
+    (module docstring: 67 % measured where this says 75 %)."""
     return max(0.0, 1.0 - 2.0 * 0.5**repeats) if repeats > 1 else 0.0
 
 
@@ -188,7 +198,7 @@ class Estimate:
     low_rps: float | None  # L: met the SLO in every repeat
     high_rps: float | None  # U: missed it in every repeat
     peak_rps: float | None  # midpoint of [L, U]; L alone when U is unknown
-    confidence: float  # of [L, U] holding the edge (edge_confidence(repeats))
+    confidence: float  # nominal, 0 when the repeats did not complete (edge_confidence)
     limit: Literal["slo", "generator", "none_met", "max_rps", "budget"] | None
     mixed_rps: tuple[float, ...] = ()  # rates whose repeats disagreed
     note: str = ""
@@ -596,7 +606,7 @@ def fit_outcomes(
         return -float(res.fun), math.exp(float(res.x))
 
     lo_x, hi_x = float(x.min()) - 0.5 * span, float(x.max()) + 0.5 * span
-    grid = np.linspace(lo_x, hi_x, 49)
+    grid = np.linspace(lo_x, hi_x, 25)
     prof = [profile(float(e))[0] for e in grid]
     i = int(np.argmax(prof))
     # the profile is unimodal: refine the maximum within the neighbouring grid cells
