@@ -16,6 +16,14 @@ from hdrh.histogram import HdrHistogram
 
 from harness.analysis.percentiles import percentile_ms
 
+# What to do when the generator, not the server, was the limit. Workers help only where
+# they get cores of their own: on a 2-core box the server has one and the generator the
+# other, so a second Locust process there shares the generator's core.
+GENERATOR_REMEDY = (
+    "lower the rate, or give the load generator more CPU: Locust workers (--processes N) "
+    "on cores the server does not use, or on another machine (--master / --worker)"
+)
+
 
 def longest_run_above(
     t_s: Sequence[float], values: Sequence[float | None], threshold: float
@@ -85,7 +93,7 @@ def loadgen_saturated(
         return (
             f"load generator CPU >= {max_pct:g} % for {span:.0f} s in a row ({k} samples, "
             f"peak {peak:.0f} %): the generator, not the server, was the bottleneck — "
-            "lower the rate or add Locust workers (--processes)"
+            + GENERATOR_REMEDY
         )
     return None
 
@@ -121,7 +129,7 @@ def loadgen_process_saturated(
         f"load generator process {who} CPU >= "
         f"{max_pct:g} % for {span:.0f} s in a row ({k} samples, peak {peak:.0f} %): that "
         "Locust process, one core's worth of gevent loop, was the bottleneck whatever its "
-        "siblings did — lower the rate or add Locust workers (--processes)"
+        "siblings did — " + GENERATOR_REMEDY
     )
 
 
@@ -215,8 +223,7 @@ def loadgen_mean_saturated(
             return (
                 f"load generator process {name!r} used {pct:.0f} % of a core on average "
                 f"over the {duration_s:.0f} s run (>= {max_pct:g} %): the generator, not "
-                "the server, was the bottleneck — lower the rate or add Locust workers "
-                "(--processes)"
+                "the server, was the bottleneck — " + GENERATOR_REMEDY
             )
     return None
 
@@ -233,7 +240,7 @@ def dispatch_lag_excessive(
         return (
             f"dispatch lag p99 {p99:.1f} ms > {limit:.1f} ms ({max_fraction:.0%} of the "
             f"{slo_ms:g} ms SLO, n={lag_hist.get_total_count()}): requests left late, so "
-            "latencies are not the server's — lower the rate or add Locust workers"
+            "latencies are not the server's — " + GENERATOR_REMEDY
         )
     return None
 
