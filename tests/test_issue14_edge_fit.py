@@ -21,17 +21,9 @@ from harness.peak.search import (
     fit_edge,
     fit_outcomes,
 )
+from tests.test_issue14_peak import _drive
 
 EDGE = 400.0
-
-
-def _drive(search: PeakSearch, judge) -> PeakSearch:
-    for _ in range(200):
-        step = search.next_step()
-        if step.rate_rps is None:
-            return search
-        search.record(judge(step.rate_rps, step.longer))
-    raise AssertionError("the search did not stop")
 
 
 def _noisy(scale: float, seed: int):
