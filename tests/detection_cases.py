@@ -382,10 +382,12 @@ CASES: tuple[DetectionCase, ...] = (
         per_min=5 * MIB,
         per_min_kind="bytes",
         pin_capacity=True,
-        duration_s=60,
+        duration_s=40,
         why="a per-request leak sized to 5 MiB/min at 0.6x of the healthy capacity "
-        "(threshold 1 MiB/min; measured 6.2 with a 75 s soak, CI ±0.1); 60 s keeps 45 s "
-        "after the warm-up quarter, 20 buckets for the slope CI",
+        "(threshold 1 MiB/min; measured 6.2 with a 75 s soak, CI ±0.1; 6.4–6.8 in 60 s "
+        "ones); 40 s keeps 30 s after the warm-up quarter, 20 buckets for the slope CI — "
+        "the leak test's false positives are bounded by its significance level, not by the "
+        "length, so a shorter soak costs power, which a 5x margin has to spare: REPROOF",
     ),
     DetectionCase(
         name="late-leak",
@@ -410,7 +412,7 @@ CASES: tuple[DetectionCase, ...] = (
         per_min=8,
         per_min_kind="every",
         pin_capacity=True,
-        duration_s=60,
+        duration_s=40,
         why="one parked thread every N requests, N sized to 8/min (threshold 0.5/min): "
         "a pool that is created per call and never joined",
     ),
@@ -423,7 +425,7 @@ CASES: tuple[DetectionCase, ...] = (
         per_min=10,
         per_min_kind="every",
         pin_capacity=True,
-        duration_s=60,
+        duration_s=40,
         why="one unclosed file every N requests, N sized to 10/min (threshold 0.5/min; "
         "a server that exhausts a 1024-fd limit in under 2 h). Sockets are judged apart "
         "from the other fds: the keep-alive connection count wanders by ±15, which hid "
