@@ -315,6 +315,84 @@ def test_issue14_rank_ties_on_cpu_and_pareto() -> None:
     assert set(pareto(rows)) == {"a", "b"}  # c: lower peak and higher p99 than b
 
 
+def _tune_row(k: str, low: float, high: float | None, cpu: float | None) -> dict:
+    return {"key": k, "peak_rps": low, "upper_rps": high, "cpu_ms_per_request": cpu}
+
+
+# The two clean tunes of docs/peak.md (reference server, SLO p99 150 ms): their peak and
+# missed-at rates and CPU ms/request per configuration, as each tune measured them.
+_TUNE_1 = [
+    _tune_row("32/5/1", 476.7, 506.5, 2.02),
+    _tune_row("32/20/1", 419.5, 507.6, 1.92),
+    _tune_row("8/5/1", 202.6, 286.0, 4.70),
+    _tune_row("32/5/2", 202.6, 226.4, 4.79),
+    _tune_row("32/1/1+no-batching", 0.0, 190.7, None),
+]
+_TUNE_2 = [
+    _tune_row("32/20/1", 433.3, 552.5, 1.92),
+    _tune_row("32/5/1", 433.3, 520.0, 2.20),
+    _tune_row("32/5/2", 260.0, 381.3, 3.74),
+    _tune_row("8/5/1", 216.7, 346.6, 4.35),
+    _tune_row("32/1/1+no-batching", 0.0, 173.3, None),
+]
+
+
+def _groups(ranked) -> dict:
+    out: dict = {}
+    for r in ranked:
+        out.setdefault(r["rank"], set()).add(r["key"])
+    return out
+
+
+def test_issue14_ranks_are_shared_by_configurations_the_search_did_not_separate() -> None:
+    """Two tunes ordered their third and fourth configurations differently (by 2 % of CPU
+    per request in one, by a 17 % lower peak with overlapping brackets in the other): a
+    rank is 1 + the configurations measured better (met the SLO where this one missed), so
+    both tunes state the same ranks — {32/5/1, 32/20/1} =1, {8/5/1, 32/5/2} =3, the planted
+    regression 5 — and neither claims an order it did not measure."""
+    g1, g2 = _groups(rank(_TUNE_1, 0.1)), _groups(rank(_TUNE_2, 0.1))
+    stated = {1: {"32/5/1", "32/20/1"}, 3: {"8/5/1", "32/5/2"}, 5: {"32/1/1+no-batching"}}
+    assert g1 == stated and g2 == stated, (g1, g2)
+    # a configuration that missed where another held ranks below it, whatever its CPU
+    rows = [_tune_row("a", 400.0, 440.0, 3.0), _tune_row("b", 380.0, 400.0, 1.0)]
+    assert [(r["key"], r["rank"]) for r in rank(rows, 0.1)] == [("a", 1), ("b", 2)]
+    # overlapping brackets share the rank; within it the 10 % tie goes to the cheaper one
+    rows = [_tune_row("a", 400.0, 440.0, 3.0), _tune_row("b", 380.0, 420.0, 1.0)]
+    assert [(r["key"], r["rank"]) for r in rank(rows, 0.1)] == [("b", 1), ("a", 1)]
+    # one that never missed (the generator was the limit) is not ranked below anyone; one
+    # never validly measured is unranked and last
+    rows = [
+        _tune_row("a", 400.0, 440.0, 3.0),
+        _tune_row("gen", 150.0, None, 2.0),
+        _tune_row("lost", None, None, None),
+    ]
+    assert [(r["key"], r["rank"]) for r in rank(rows, 0.1)] == [
+        ("a", 1),
+        ("gen", 1),
+        ("lost", None),
+    ]
+
+
+def test_issue14_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winner() -> None:
+    from harness.peak.report import _tune_rows, tune_sentence
+    from harness.peak.tune import tied_with
+
+    ranked = rank(_TUNE_2, 0.1)
+    tune = {
+        "recommended": ranked[0]["key"],
+        "tied_with_recommended": tied_with(ranked, ranked[0]["key"]),
+        "default": "32/5/1",
+        "margin_over_default": 0.0,
+        "margin_over_worst": None,
+        "worst": None,
+        "ranked": ranked,
+        "pareto": [],
+    }
+    assert [row[0] for row in _tune_rows(tune)] == ["=1", "=1", "=3", "=3", "5"]
+    text = tune_sentence(tune)
+    assert "Tied at rank 1 with 32/5/1" in text and "did not separate" in text, text
+
+
 def test_issue14_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp_path) -> None:
     sp = _space()
     calls: list[str] = []

@@ -293,6 +293,13 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
         text += f"; the default ({tune['default']}) met the SLO at no rate measured"
     if tune.get("margin_over_worst") is not None:
         text += f" and {tune['margin_over_worst']:+.0%} over the worst measured ({tune['worst']})"
+    tied = tune.get("tied_with_recommended") or []
+    if tied:
+        text += (
+            f". Tied at rank 1 with {', '.join(tied)}: the search did not separate them (each "
+            "missed the SLO only above a rate the other held); the recommendation is the "
+            "higher peak, or within the tolerance the lower CPU ms/request"
+        )
     lost = [r["key"] for r in tune.get("ranked") or [] if r.get("peak_rps") is None]
     if lost:
         text += (
@@ -318,7 +325,11 @@ _TUNE_HEAD = [
 def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     front = set(tune.get("pareto") or [])
-    for i, r in enumerate(tune.get("ranked") or [], start=1):
+    ranked = tune.get("ranked") or []
+    shared = [r.get("rank") for r in ranked]
+    for i, r in enumerate(ranked, start=1):
+        level = r.get("rank", i)  # results written before ranks were stored: their position
+        label = "–" if level is None else ("=" if shared.count(level) > 1 else "") + str(level)
         note = []
         if r["key"] == tune.get("recommended"):
             note.append("recommended")
@@ -330,7 +341,7 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
             note.append(f"limit: {r.get('limit')} ({r.get('stopped')})")
         rows.append(
             [
-                str(i),
+                label,
                 r["key"],
                 "not measured" if r.get("peak_rps") is None else _n(r.get("peak_rps")),
                 _n(r.get("upper_rps")),

@@ -245,29 +245,71 @@ def config_result(
     }
 
 
+def standing(results: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Each measured configuration's rank: 1 + how many others were *measured* better —
+    held the SLO (in every repeat) at a rate at or above the one where it missed (in every
+    repeat). Configurations no other one was measured better than share rank 1, and so on:
+    the search resolves peaks to its tolerance, so two whose brackets overlap are not
+    separated, and the table says so ("=3") instead of ordering them on noise. A
+    configuration that never missed (no upper rate) has no one measured better; one with
+    every point invalid (peak None) has no rank."""
+    measured = [r for r in results if r.get("peak_rps") is not None]
+    out: dict[str, int] = {}
+    for r in measured:
+        upper = r.get("upper_rps")
+        better = 0
+        if upper is not None:
+            better = sum(
+                1
+                for h in measured
+                if h["key"] != r["key"]
+                and float(h["peak_rps"] or 0.0) > 0.0
+                and float(h["peak_rps"]) >= float(upper)
+            )
+        out[r["key"]] = 1 + better
+    return out
+
+
 def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping[str, Any]]:
-    """Best first: the highest peak under the SLO; peaks within ``tolerance`` of the best
-    peak of their group are a tie, broken by CPU per request (lower first), then by key."""
+    """Best first, each row with its ``rank`` (``standing``; shared ranks are ties the
+    search could not separate). Within a rank: the highest peak under the SLO; peaks within
+    ``tolerance`` of the best peak of their group are a tie, broken by CPU per request
+    (lower first), then by key. Configurations never validly measured come last, unranked."""
+    ranks = standing(results)
     unmeasured = sorted((r for r in results if r["peak_rps"] is None), key=lambda r: r["key"])
     results = [r for r in results if r["peak_rps"] is not None]
-    ordered = sorted(results, key=lambda r: (-float(r["peak_rps"] or 0.0), r["key"]))
     out: list[Mapping[str, Any]] = []
-    i = 0
-    while i < len(ordered):
-        head = float(ordered[i]["peak_rps"] or 0.0)
-        group = [r for r in ordered[i:] if float(r["peak_rps"] or 0.0) >= head * (1 - tolerance)]
-        if head <= 0:
-            group = ordered[i:]
-        group.sort(
-            key=lambda r: (
-                r.get("cpu_ms_per_request") is None,
-                r.get("cpu_ms_per_request") or 0.0,
-                r["key"],
-            )
+    for level in sorted(set(ranks.values())):
+        ordered = sorted(
+            (r for r in results if ranks[r["key"]] == level),
+            key=lambda r: (-float(r["peak_rps"] or 0.0), r["key"]),
         )
-        out += group
-        i += len(group)
-    return out + unmeasured  # last: no evidence to rank them on
+        i = 0
+        while i < len(ordered):
+            head = float(ordered[i]["peak_rps"] or 0.0)
+            group = [
+                r for r in ordered[i:] if float(r["peak_rps"] or 0.0) >= head * (1 - tolerance)
+            ]
+            if head <= 0:
+                group = ordered[i:]
+            group.sort(
+                key=lambda r: (
+                    r.get("cpu_ms_per_request") is None,
+                    r.get("cpu_ms_per_request") or 0.0,
+                    r["key"],
+                )
+            )
+            out += [{**r, "rank": level} for r in group]
+            i += len(group)
+    return out + [{**r, "rank": None} for r in unmeasured]  # last: no evidence to rank them on
+
+
+def tied_with(ranked: Sequence[Mapping[str, Any]], k: str) -> list[str]:
+    """The other configurations sharing ``k``'s rank (not separated from it by the search)."""
+    mine = next((r.get("rank") for r in ranked if r["key"] == k), None)
+    if mine is None:
+        return []
+    return [r["key"] for r in ranked if r["key"] != k and r.get("rank") == mine]
 
 
 def pareto(results: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -530,7 +572,10 @@ class Tuner:
                     else ""
                 )
                 + "); "
-                f"peaks within {self.tc.peak.tolerance:.0%} tie, broken by lower CPU ms/request"
+                "a configuration ranks below another only when that one met the SLO at a "
+                "rate where it missed (shared ranks: not separated by the search); within a "
+                f"rank, peaks within {self.tc.peak.tolerance:.0%} tie, broken by lower CPU "
+                "ms/request"
             ),
             "template": self.tc.template,
             "space": {n: list(v) for n, v in self.tc.space.dims},
@@ -538,6 +583,7 @@ class Tuner:
             "default": dk,
             "ranked": [dict(r) for r in ranked],
             "recommended": winner["key"] if winner else None,
+            "tied_with_recommended": tied_with(ranked, winner["key"]) if winner else [],
             "recommended_cmd": winner["cmd"] if winner else None,
             "default_is_best": bool(winner and winner["key"] == dk),
             "margin_over_default": margin,
