@@ -275,6 +275,7 @@ class SutProcess:
         self._clock = clock
         self._log_path = Path(log_path) if log_path else None
         self._log_file = None
+        self._own_log = False
         self._popen: subprocess.Popen | None = None
         # stops the server if this process dies, SIGKILL included (harness.sut_guard)
         self._guard: subprocess.Popen | None = None
@@ -326,6 +327,7 @@ class SutProcess:
             fd, name = tempfile.mkstemp(prefix="harness-sut-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
+            self._own_log = True  # a temp file of ours: removed at stop() if still empty
         self._log_file = open(self._log_path, "ab")  # noqa: SIM115 (held until stop)
         argv = list(self.argv)
         preexec = None
@@ -467,6 +469,11 @@ class SutProcess:
             if self._log_file is not None:
                 self._log_file.close()
                 self._log_file = None
+            if self._own_log and self._log_path is not None:
+                with contextlib.suppress(OSError):
+                    if self._log_path.stat().st_size == 0:  # nothing to read: no file left
+                        self._log_path.unlink()
+                        self._log_path, self._own_log = None, False
             self._reap_guard(wait_s=2.0)
 
     def _reap(self, timeout: float) -> None:
