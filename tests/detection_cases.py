@@ -134,7 +134,8 @@ CASES: tuple[DetectionCase, ...] = (
         expect_pass=True,
         duration_s=20,
         why="control: the healthy server passes steady state; its calibrated capacity "
-        "sizes the leaks and is pinned for the no-batching and soak cases",
+        "sizes the leaks and is pinned for every case whose scenario offers rates relative to "
+        "capacity (as harness acceptance pins it), fifo-dispatch excepted",
     ),
     DetectionCase(
         name="healthy-linearity-sim",
@@ -438,10 +439,10 @@ CASES: tuple[DetectionCase, ...] = (
     ),
     DetectionCase(
         name="slowdown",
-        defect="batch latency grows 240 ms per minute of uptime",
+        defect="batch latency grows 320 ms per minute of uptime",
         scenario="soak",
         check="soak.latency_drift",
-        fault="slowdown:240",
+        fault="slowdown:320",
         pin_capacity=True,
         pin_scale=0.25,
         duration_s=45,
@@ -456,10 +457,11 @@ CASES: tuple[DetectionCase, ...] = (
         "the server (a bounded queue caps p99; 1.38x). Here 0.15x of the healthy capacity "
         "(pinned at a quarter) keeps it below saturation to the end: measured 2.43x (fitted "
         "p99 189 → 458 ms) with 120 ms/min over 90 s. The ratio depends on the slope times "
-        "the length, not on either: 240 ms/min over 45 s reaches the same +180 ms by the "
-        "end and measured 2.11–2.40x in 3 runs, the healthy twin 0.94–1.24x (half the CI "
-        "time; the twin's spread is wider than at 90 s, 1.00–1.05x, and a fail also needs "
-        "the Mann–Kendall trend). The 1 h soak catches the default "
+        "the length, not on either, plus the few seconds between ready and the load: "
+        "240 ms/min over 45 s measured only 2.11–2.40x in 3 runs (2.0x is the threshold), "
+        "320 ms/min over 45 s 2.44–2.53x, as 90 s did, the healthy twin 0.88–1.30x (wider "
+        "than at 90 s, 1.00–1.05x; a fail also needs the Mann–Kendall trend) — half the CI "
+        "time. The 1 h soak catches the default "
         "20 ms/min (+1.2 s by the end)",
     ),
     # --- scaling ------------------------------------------------------------------------
