@@ -174,10 +174,12 @@ class RemoteSampler:
         self.local = out / "local"
         self._loadgen = start_loadgen(self.local)
 
-    def fetch(self) -> None:
+    def fetch(self, offload: Callable[..., Any] | None = None) -> None:
         """Copy what is new in one request: the CSVs and log from where the local copy
         ends, sampler.json whole (when rewritten) with its times moved onto the master's
-        clock."""
+        clock. ``offload(fn, args)`` runs the file writes elsewhere and waits for them
+        (gevent's native threadpool: a write can wait on the disk, and on the load's
+        gevent loop that wait holds every send)."""
         with self._lock:
             have = {p.name: p.stat().st_size for p in self.out.iterdir() if p.is_file()}
             doc = self.sut.client.call(
@@ -186,27 +188,43 @@ class RemoteSampler:
                 {"have": have, "meta_mtime": self._meta_mtime},
             )
             self._meta_mtime = doc["meta_mtime"]
+            files: list[tuple[str, bytes]] = []
             for name, b64 in doc["files"].items():
                 if name == "loadgen.csv":
                     continue  # the agent's parent, not the generator (see not_here)
                 data = base64.b64decode(b64)
-                local = self.out / name
                 if name == "sampler.json":
                     meta = shift_meta(json.loads(data), self.sut.clock_offset_s)
                     meta["agent"] = self.sut.agent_doc
-                    tmp = local.with_suffix(".json.tmp")
-                    tmp.write_text(json.dumps(meta, indent=2))
-                    os.replace(tmp, local)
-                else:
-                    with open(local, "ab") as f:
-                        f.write(data)
+                    data = json.dumps(meta, indent=2).encode()
+                files.append((name, data))
+            if offload is None:
+                self._store(files)
+            else:
+                offload(self._store, (files,))
 
-    def follow(self, sleep: Callable[[float], Any] = time.sleep) -> None:
+    def _store(self, files: list[tuple[str, bytes]]) -> None:
+        """sampler.json replaced whole, the other files appended to."""
+        for name, data in files:
+            local = self.out / name
+            if name == "sampler.json":
+                tmp = local.with_suffix(".json.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, local)
+            else:
+                with open(local, "ab") as f:
+                    f.write(data)
+
+    def follow(
+        self,
+        sleep: Callable[[float], Any] = time.sleep,
+        offload: Callable[..., Any] | None = None,
+    ) -> None:
         """Copy every ``FOLLOW_EVERY_S`` until killed (a greenlet of the run)."""
         while True:
             sleep(FOLLOW_EVERY_S)
             try:
-                self.fetch()
+                self.fetch(offload)
             except HarnessError as exc:
                 log.warning("harness: copying the agent's samples: %s", exc)
 

@@ -49,7 +49,9 @@ class SideTasks:
         remote = getattr(sut.handle, "start_sampler", None)
         if remote is not None:  # on the agent's host: its files copied here as they grow
             self.remote_sampler = remote(samples_dir, metrics_url)
-            self.spawn(self.remote_sampler.follow, gevent.sleep)
+            # its file writes on a native thread, off the loop that dispatches the load
+            offload = gevent.get_hub().threadpool.apply
+            self.spawn(self.remote_sampler.follow, gevent.sleep, offload)
             return
         pid_file = getattr(sut.handle, "pid_file", None)
         self.sampler = target.start_sampler(pid, samples_dir, metrics_url, pid_file=pid_file)

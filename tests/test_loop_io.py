@@ -1,0 +1,111 @@
+"""A disk that makes a write wait must not hold the load generator's gevent loop.
+
+Every send of the open-loop schedule is a greenlet of one loop; a blocking call on that
+loop delays them all, and the dispatch-lag rule then (rightly) refuses the run. On this
+VM's ext4 disk the rename that replaces ``progress.json`` was measured waiting 0.4-0.7 s
+(py-spy on a network run whose dispatch lag jumped by that much): the harness's own file
+writes during the load go through gevent's native threadpool. These tests slow the
+rename down on purpose and time a greenlet that should tick every 10 ms meanwhile; the
+control does the same write on the loop and shows the stall the test would catch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import gevent
+import gevent.monkey
+import pytest
+
+from harness.agent.client import RemoteSampler
+from harness.load import controller
+from harness.load.controller import HarnessState, replace_text
+
+SLOW_S = 0.3  # the rename's wait, in the range measured on the VM's disk
+TICK_S = 0.01
+
+
+def _slow_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.replace waits SLOW_S in the kernel, as a rename behind a busy journal does
+    (a native sleep: it holds whichever thread calls it, as the syscall would)."""
+    native_sleep = gevent.monkey.get_original("time", "sleep")
+    real_replace = os.replace
+
+    def slow_replace(src: Any, dst: Any) -> None:
+        native_sleep(SLOW_S)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", slow_replace)
+
+
+def _worst_tick_delay(work: gevent.Greenlet, span_s: float) -> float:
+    """Tick every TICK_S for ``span_s`` beside ``work``; the worst lateness of a tick."""
+    worst = 0.0
+    end = time.perf_counter() + span_s
+    while time.perf_counter() < end:
+        before = time.perf_counter()
+        gevent.sleep(TICK_S)
+        worst = max(worst, time.perf_counter() - before - TICK_S)
+    work.join(timeout=5)
+    return worst
+
+
+def test_progress_is_written_off_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_disk(monkeypatch)
+    monkeypatch.setattr(controller, "PROGRESS_EVERY_S", 0.05)
+    writes = iter(range(3))
+    state = SimpleNamespace(
+        out_dir=tmp_path,
+        progress=lambda: {"elapsed_s": 1.0},
+        _collecting=lambda: next(writes, None) is not None,
+    )
+    worker = gevent.spawn(HarnessState._write_progress, state)
+    # control, same conditions: the same write on the loop
+    control = gevent.spawn(replace_text, tmp_path / "control.json", "{}")
+    on_loop = _worst_tick_delay(control, 2 * SLOW_S)
+    off_loop = _worst_tick_delay(worker, 3 * SLOW_S + 0.3)
+    assert on_loop >= 0.8 * SLOW_S, on_loop  # the stall the test exists to catch
+    assert off_loop < SLOW_S / 3, (off_loop, on_loop)
+    assert worker.successful(), worker.exception
+    assert json.loads((tmp_path / "progress.json").read_text()) == {"elapsed_s": 1.0}
+
+
+def _remote_sampler(out: Path) -> RemoteSampler:
+    """A RemoteSampler whose agent answers one pull with a sampler.json and a CSV."""
+    sampler = RemoteSampler.__new__(RemoteSampler)
+    sampler.out, sampler.id, sampler._lock, sampler._meta_mtime = out, "s1", threading.Lock(), None
+    pulled = {"sampler.json": b'{"started_unix": 100.0}', "process.csv": b"t,x\n1,2\n"}
+    doc = {"meta_mtime": 1, "files": {k: base64.b64encode(v).decode() for k, v in pulled.items()}}
+    client = SimpleNamespace(call=lambda *a, **k: doc)
+    sampler.sut = SimpleNamespace(client=client, clock_offset_s=0.0, agent_doc={"host": "h"})
+    return sampler
+
+
+def test_agent_samples_are_copied_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RemoteSampler.fetch writes what it pulled (sampler.json replaced whole, the CSVs
+    appended) on the threadpool it is given; the run's loop stays free meanwhile."""
+    _slow_disk(monkeypatch)
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    control = gevent.spawn(_remote_sampler(tmp_path / "on").fetch)
+    on_loop = _worst_tick_delay(control, SLOW_S + 0.2)
+    worker = gevent.spawn(
+        _remote_sampler(tmp_path / "off").fetch, gevent.get_hub().threadpool.apply
+    )
+    off_loop = _worst_tick_delay(worker, SLOW_S + 0.2)
+    assert control.successful() and worker.successful(), (control.exception, worker.exception)
+    assert on_loop >= 0.8 * SLOW_S, on_loop
+    assert off_loop < SLOW_S / 3, (off_loop, on_loop)
+    for side in ("on", "off"):
+        meta = json.loads((tmp_path / side / "sampler.json").read_text())
+        assert meta["agent"] == {"host": "h"}, meta
+        assert (tmp_path / side / "process.csv").read_bytes() == b"t,x\n1,2\n"
