@@ -91,7 +91,7 @@ def _until(what: str, probe: Callable[[], Any], timeout: float, every: float = 1
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for arg in (
@@ -104,7 +104,10 @@ def browser() -> Iterator[Any]:
         opts.add_argument(arg)
     from selenium.webdriver.chrome.service import Service
 
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    # chromium leaves its singleton socket's directory in $TMPDIR after quit: one per
+    # test session had piled up in /tmp; the test's own temp dir is pytest's to clean
+    env = {**os.environ, "TMPDIR": str(tmp_path_factory.mktemp("chromium"))}
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=opts)
     try:
         yield driver
     finally:

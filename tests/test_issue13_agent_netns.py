@@ -69,9 +69,18 @@ class Hosts:
 
     def popen(self, ns: str, cmd: list[str], core: int | None = None, **kw) -> subprocess.Popen:
         """``cmd`` inside namespace ``ns`` (``ip netns exec`` and ``taskset`` exec into
-        it: the pid is the command's own), stopped in the fixture's ``finally``."""
+        it: the pid is the command's own), stopped in the fixture's ``finally``.
+
+        Each in its own session, as SutProcess starts a server and as a host runs a
+        service: with autogroup scheduling a session is a CPU group, and a server left in
+        pytest's session (with every other process of the test) kept 85-95 % of its core
+        against the contention scenario's hog in some seconds — the hog got 20-24 % of
+        the core in two fresh-clone CIs and the run was (rightly) invalid: "the hogs took
+        little CPU from the server"."""
         pin = ["taskset", "-c", str(core)] if core is not None else []
-        p = subprocess.Popen(["ip", "netns", "exec", ns, *pin, *cmd], cwd=REPO, **kw)
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", ns, *pin, *cmd], cwd=REPO, start_new_session=True, **kw
+        )
         self.procs.append(p)
         return p
 
