@@ -210,8 +210,10 @@ def _hog_evidence(name: str, rec: Mapping[str, Any], min_cpu_fraction: float) ->
             out.append(
                 f"{name}: the hogs used {_g(used_s)} CPU-s of the {_g(end - start)} s × "
                 f"{cores} core(s) they ran ({used_s / given:.0%} < {min_cpu_fraction:.0%}): "
-                "they took little CPU from the server — is a cgroup quota or a higher "
-                "priority starving them?"
+                "they took little CPU from the server — a cgroup quota or a higher "
+                "priority starving them, or a server sharing its session with other busy "
+                "processes (the kernel's autogroup then leaves a hog a small share): start "
+                "the server in a session of its own (setsid), as --sut-cmd does"
             )
     return out
 
