@@ -6,10 +6,16 @@ gradual edges, and prints per scale: how often [L, U] (the repeats' interval, no
 75 % at 3 repeats) held the edge among the searches whose repeats completed, its median
 width; how often the refined fit's 95 % interval (the stated one, `--precision`) held
 it, its median and largest width, the share that reached the precision within the
-point budget, and the points used. Pure computation (no server, no load), fixed seeds.
+point budget, the points used, and how many consecutive triples of searches pass the
+3-run criterion (every pair's difference within the root sum of squares of their
+half-widths). ``--drift`` makes the edge wander from point to point (an AR(1) series) —
+a machine whose speed moves over minutes — to show what no interval from one run's
+points can see. Pure computation (no server, no load), fixed seeds.
 
     python bench/edge_coverage.py                  # 300 / 90 searches per scale
     python bench/edge_coverage.py --runs 300 --refine-runs 90 --precision 0.15
+    python bench/edge_coverage.py --runs 0 --refine-runs 180 --scales 25,35,50 --min-each 4
+    python bench/edge_coverage.py --runs 0 --refine-runs 90 --scales 35 --drift 0.05
 """
 
 from __future__ import annotations
@@ -20,19 +26,29 @@ import random
 import statistics
 import time
 
+from harness.peak import search
 from harness.peak.search import PeakSearch, Point, SearchParams, edge_confidence, fit_edge
 
 EDGE = 400.0
 
 
-def drive(search: PeakSearch, scale: float, seed: int) -> PeakSearch:
+def drive(
+    search: PeakSearch, scale: float, seed: int, drift: float = 0.0, corr: float = 0.0
+) -> PeakSearch:
+    """Feed the search synthetic outcomes. With ``drift`` the edge moves from point to
+    point as EDGE · (1 + d), d an AR(1) series with standard deviation ``drift`` and
+    correlation ``corr`` between consecutive points: a machine whose speed wanders over
+    minutes. The edge to cover is then EDGE, the edge a rerun at another time aims at."""
     rng = random.Random(seed)
+    d = rng.gauss(0.0, drift)
     for _ in range(200):
         step = search.next_step()
         if step.rate_rps is None:
             return search
-        met = rng.random() < 1.0 / (1.0 + math.exp((step.rate_rps - EDGE) / scale))
+        edge = EDGE * (1.0 + d)
+        met = rng.random() < 1.0 / (1.0 + math.exp((step.rate_rps - edge) / scale))
         search.record(Point(step.rate_rps, "met" if met else "missed"))
+        d = corr * d + math.sqrt(1.0 - corr * corr) * rng.gauss(0.0, drift)
     raise RuntimeError("the search did not stop")
 
 
@@ -43,22 +59,39 @@ def main() -> int:
     ap.add_argument("--precision", type=float, default=0.15)
     ap.add_argument("--max-points", type=int, default=48)
     ap.add_argument("--scales", default="2,8,25,50")
+    ap.add_argument("--drift", type=float, default=0.0, help="sd of the edge's drift, e.g. 0.05")
+    ap.add_argument("--drift-corr", type=float, default=0.9, help="its point-to-point correlation")
+    ap.add_argument(
+        "--min-each",
+        type=int,
+        default=search.REFINE_MIN_EACH,
+        help="meets and misses the refine points must include before the search stops",
+    )
     a = ap.parse_args()
+    search.REFINE_MIN_EACH = a.min_each
     started = time.monotonic()
     print(
         f"edge {EDGE:g} req/s; [L, U]: repeats 3, 30-point budget, {a.runs} searches; refined: "
-        f"precision {a.precision:.0%}, {a.max_points}-point budget, {a.refine_runs} searches"
+        f"precision {a.precision:.0%}, {a.max_points}-point budget, {a.refine_runs} searches; "
+        f"{a.min_each} meets and misses among the refine points; drift sd {a.drift:.0%}, "
+        f"correlation {a.drift_corr:g}"
     )
     print(
         "| scale req/s | [L, U] held | median width | refined 95 % held | median width "
-        "| widest | reached precision | points median / max |"
+        "| widest | reached precision | points median / max | triples agreeing |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for scale in (float(x) for x in a.scales.split(",")):
         claimed = held = 0
         widths = []
         for seed in range(a.runs):
-            est = drive(PeakSearch(SearchParams(100.0, repeats=3, max_points=30)), scale, seed)
+            est = drive(
+                PeakSearch(SearchParams(100.0, repeats=3, max_points=30)),
+                scale,
+                seed,
+                a.drift,
+                a.drift_corr,
+            )
             e = est.estimate()
             if e.confidence > 0:
                 claimed += 1
@@ -67,9 +100,10 @@ def main() -> int:
         cov = hits = reached = 0
         rw: list[float] = []
         pts: list[int] = []
+        answers: list[tuple[float, float, float]] = []
         for seed in range(a.refine_runs):
             params = SearchParams(100.0, repeats=3, max_points=a.max_points, precision=a.precision)
-            s = drive(PeakSearch(params), scale, seed)
+            s = drive(PeakSearch(params), scale, seed, a.drift, a.drift_corr)
             fit = fit_edge(s.points)
             lo, hi = fit.ci_rps if fit else (None, None)
             lo, hi = lo or 0.0, hi or math.inf
@@ -79,11 +113,25 @@ def main() -> int:
             rw.append(w)
             reached += w <= a.precision
             pts.append(len(s.points))
+            if fit:
+                answers.append((fit.edge_rps, lo, hi))
+        # the 3-run criterion on consecutive triples of searches: every pair agrees when
+        # their difference is within the root sum of squares of their half-widths
+        triples = [answers[i : i + 3] for i in range(0, len(answers) - 2, 3)]
+        agree = sum(
+            all(
+                abs(x[0] - y[0]) <= math.hypot((x[2] - x[1]) / 2, (y[2] - y[1]) / 2)
+                for j, x in enumerate(tr)
+                for y in tr[j + 1 :]
+            )
+            for tr in triples
+        )
         print(
             f"| {scale:g} | {held / max(claimed, 1):.0%} of {claimed} "
-            f"(nominal {edge_confidence(3):.0%}) | {statistics.median(widths):.1%} "
+            f"(nominal {edge_confidence(3):.0%}) | {statistics.median(widths or [math.nan]):.1%} "
             f"| {hits / cov:.0%} | {statistics.median(rw):.1%} | {max(rw):.1%} "
-            f"| {reached / cov:.0%} | {statistics.median(pts):g} / {max(pts)} |"
+            f"| {reached / cov:.0%} | {statistics.median(pts):g} / {max(pts)} "
+            f"| {agree} of {len(triples)} |"
         )
     print(f"\n{time.monotonic() - started:.0f} s")
     return 0
