@@ -66,7 +66,9 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
             head + f": 95 % interval [{ilo:.1f}, {ihi:.1f}] req/s "
             f"({(ihi - ilo) / pk:.0%} of the peak; a logistic fit of met/missed over all "
             f"{n} judged points). The SLO held at {lo:.1f} in all {reps} repeats and was "
-            f"missed at {hi:.1f} in all {reps}."
+            f"missed at {hi:.1f} in all {reps}. The interval is this run's: a change of the "
+            "server's or the machine's speed between runs is not in it — run again to see "
+            "how far the peak moves."
         )
     base = head + f": interval [{lo:.1f}, {hi:.1f}] req/s"
     if est.get("confidence"):
