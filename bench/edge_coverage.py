@@ -8,7 +8,7 @@ width; how often the refined fit's 95 % interval (the stated one, `--precision`)
 it, its median and largest width, the share that reached the precision within the
 point budget, the points used, and how many consecutive triples of searches pass the
 3-run criterion (every pair's difference within the root sum of squares of their
-half-widths). ``--drift`` makes the edge wander from point to point (an AR(1) series) —
+facing half-widths, as bench/peak.py judges measured runs). ``--drift`` makes the edge wander from point to point (an AR(1) series) —
 a machine whose speed moves over minutes — to show what no interval from one run's
 points can see. Pure computation (no server, no load), fixed seeds.
 
@@ -26,8 +26,15 @@ import random
 import statistics
 import time
 
-from harness.peak import search
-from harness.peak.search import PeakSearch, Point, SearchParams, edge_confidence, fit_edge
+from harness.peak.search import (
+    REFINE_MIN_EACH,
+    PeakSearch,
+    Point,
+    SearchParams,
+    answers_agree,
+    edge_confidence,
+    fit_edge,
+)
 
 EDGE = 400.0
 
@@ -64,11 +71,10 @@ def main() -> int:
     ap.add_argument(
         "--min-each",
         type=int,
-        default=search.REFINE_MIN_EACH,
+        default=REFINE_MIN_EACH,
         help="meets and misses the refine points must include before the search stops",
     )
     a = ap.parse_args()
-    search.REFINE_MIN_EACH = a.min_each
     started = time.monotonic()
     print(
         f"edge {EDGE:g} req/s; [L, U]: repeats 3, 30-point budget, {a.runs} searches; refined: "
@@ -102,7 +108,13 @@ def main() -> int:
         pts: list[int] = []
         answers: list[tuple[float, float, float]] = []
         for seed in range(a.refine_runs):
-            params = SearchParams(100.0, repeats=3, max_points=a.max_points, precision=a.precision)
+            params = SearchParams(
+                100.0,
+                repeats=3,
+                max_points=a.max_points,
+                precision=a.precision,
+                refine_min_each=a.min_each,
+            )
             s = drive(PeakSearch(params), scale, seed, a.drift, a.drift_corr)
             fit = fit_edge(s.points)
             lo, hi = fit.ci_rps if fit else (None, None)
@@ -115,15 +127,10 @@ def main() -> int:
             pts.append(len(s.points))
             if fit:
                 answers.append((fit.edge_rps, lo, hi))
-        # the 3-run criterion on consecutive triples of searches: every pair agrees when
-        # their difference is within the root sum of squares of their half-widths
+        # the 3-run criterion (bench/peak.py's) on consecutive triples of searches
         triples = [answers[i : i + 3] for i in range(0, len(answers) - 2, 3)]
         agree = sum(
-            all(
-                abs(x[0] - y[0]) <= math.hypot((x[2] - x[1]) / 2, (y[2] - y[1]) / 2)
-                for j, x in enumerate(tr)
-                for y in tr[j + 1 :]
-            )
+            all(answers_agree(x, y) for j, x in enumerate(tr) for y in tr[j + 1 :])
             for tr in triples
         )
         print(

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.peak.search import answers_agree
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,14 +96,9 @@ def main() -> int:
         f"and {hist:.0%} before (519–679 req/s)"
     )
 
-    # the two-sample reading: two runs agree when their difference is within the root sum
-    # of squares of the facing half-widths (run i's upper and run j's lower when i < j) —
-    # what "the same within their stated intervals" means for two independent estimates
+    # the two-sample reading (harness.peak.search.answers_agree)
     def consistent(a, b) -> bool:
-        lo_run, hi_run = (a, b) if a["peak"] <= b["peak"] else (b, a)
-        up = lo_run["high"] - lo_run["peak"]
-        down = hi_run["peak"] - hi_run["low"]
-        return hi_run["peak"] - lo_run["peak"] <= (up * up + down * down) ** 0.5
+        return answers_agree((a["peak"], a["low"], a["high"]), (b["peak"], b["low"], b["high"]))
 
     pairs = all(consistent(a, b) for i, a in enumerate(ok) for b in ok[i + 1 :])
     print(

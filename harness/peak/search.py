@@ -119,6 +119,8 @@ class SearchParams:
     # refine phase: after the edge repeats, points at the fitted logistic's D-optimal rates
     # until the edge's 95 % interval is at most this fraction of the edge (None: no refine)
     precision: float | None = None
+    # meets and misses the refine points must include before the refine phase may stop
+    refine_min_each: int = REFINE_MIN_EACH
 
     def __post_init__(self) -> None:
         if not self.start_rps > 0:
@@ -131,6 +133,16 @@ class SearchParams:
             raise ValueError("up_factor must be > 1 and down_factor in (0, 1)")
         if self.precision is not None and not 0 < self.precision < 1:
             raise ValueError(f"precision must be in (0, 1), got {self.precision}")
+
+
+def answers_agree(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
+    """Two runs' answers (peak, interval low, interval high) agree when their difference
+    is within the root sum of squares of the facing half-widths (the lower run's upper
+    half, the higher run's lower half): what "the same peak within their stated
+    intervals" means for two independent estimates."""
+    lo_run, hi_run = (a, b) if a[0] <= b[0] else (b, a)
+    up, down = lo_run[2] - lo_run[0], hi_run[0] - hi_run[1]
+    return hi_run[0] - lo_run[0] <= math.hypot(up, down)
 
 
 def edge_confidence(repeats: int) -> float:
@@ -362,7 +374,7 @@ class PeakSearch:
             return found
         lo, hi = fit.ci_rps
         near = [q.outcome for q in self.points[n0:]]
-        straddled = min(near.count("met"), near.count("missed")) >= REFINE_MIN_EACH
+        straddled = min(near.count("met"), near.count("missed")) >= p.refine_min_each
         if (
             straddled
             and lo is not None
@@ -381,7 +393,7 @@ class PeakSearch:
                 found,
                 why=f"{found.why}; point budget of {p.max_points} spent refining: the fitted "
                 f"edge's 95 % interval is {width} wide (asked {p.precision:.0%}), {tally} "
-                f"(asked {REFINE_MIN_EACH} each)",
+                f"(asked {p.refine_min_each} each)",
             )
         offset = max(D_OPTIMAL * fit.scale_rps, 0.005 * fit.edge_rps)
         refine = [q.rate_rps for q in self.points[n0:] if q.outcome != "invalid"]
