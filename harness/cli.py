@@ -758,8 +758,20 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
         min_point_s=args.min_point_s,
         max_point_s=args.max_point_s,
         max_points=args.max_points,
-        precision=getattr(args, "precision", None) or None,
+        precision=_precision(args),
+        searches=getattr(args, "searches", 1),
     ).validate()
+
+
+def _precision(args: argparse.Namespace) -> float | None:
+    """harness peak's refine target: --precision, 0.15 by default for one search, none
+    (0 or unset) with several (their spread is the interval)."""
+    if not hasattr(args, "precision"):  # harness tune: no refine phase
+        return None
+    given = args.precision
+    if given is None:
+        return 0.15 if getattr(args, "searches", 0) == 1 else None
+    return given or None
 
 
 def _add_repeats(p: argparse.ArgumentParser, default: int) -> None:
@@ -799,11 +811,21 @@ def _add_peak(sub: argparse._SubParsersAction) -> None:
     _add_repeats(p, 3)
     _add_peak_options(p)
     p.add_argument(
+        "--searches",
+        type=int,
+        default=6,
+        help="independent searches, each on a freshly started server (the same server with "
+        "--target); the peak is their mean and its 95 %% interval Student's t over them, so "
+        "it holds how far the peak moves between server lifetimes and over the run's "
+        "minutes (default 6; 1: one search, its interval from its own points)",
+    )
+    p.add_argument(
         "--precision",
         type=_fraction,
-        default=0.15,
-        help="after the edge repeats, measure near the fitted edge until its 95 %% interval "
-        "is at most this fraction of the peak (default 0.15; 0: no refine phase)",
+        default=None,
+        help="with --searches 1: after the edge repeats, measure near the fitted edge until "
+        "its 95 %% interval is at most this fraction of the peak (default 0.15; 0: no "
+        "refine phase)",
     )
     # the refine phase needs points: a gradual edge (outcomes mixed over +-10 %) takes
     # ~25-45 of them to reach 15 % (tests/test_issue14_edge_fit.py)

@@ -59,6 +59,19 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
         + (f"; the {source}" if source == "logistic edge" else "")
         + ")"
     )
+    if peak.get("interval_from") == "searches":
+        ilo, ihi = peak["interval_rps"]
+        runs = peak.get("searches") or []
+        minutes = sum(float(r.get("elapsed_s") or 0) for r in runs) / 60
+        sd = float(peak.get("spread_rps") or 0)
+        return (
+            head + f": 95 % interval [{ilo:.1f}, {ihi:.1f}] req/s "
+            f"({(ihi - ilo) / pk:.0%} of the peak), the mean of {len(runs)} searches"
+            + (", each on a freshly started server" if _fresh(runs) else " on one server")
+            + f", over {minutes:.0f} min; their peaks moved by sd {sd:.1f} req/s "
+            f"({sd / pk:.1%}) and the interval is Student's t over them, so it holds that move"
+            " — a slower drift than those minutes show is not in it."
+        )
     if peak.get("interval_from") == "edge_ci":
         ilo, ihi = peak["interval_rps"]
         n = (peak.get("edge_fit") or {}).get("n")
@@ -79,6 +92,32 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
     if limit == "budget":
         return base + f" — the search stopped before its repeats ({est.get('note')})."
     return base + " — one point per rate (no repeats): a bracket, not a confidence interval."
+
+
+def _fresh(runs: Sequence[Mapping[str, Any]]) -> bool:
+    pids = [(r.get("server") or {}).get("pid") for r in runs]
+    return len(runs) > 1 and None not in pids and len(set(pids)) == len(pids)
+
+
+_SEARCH_HEAD = ("search", "peak req/s", "from", "[L, U] req/s", "points", "s", "server pid")
+
+
+def _search_rows(peak: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for r in peak.get("searches") or []:
+        lo, hi = r.get("band_rps") or [None, None]
+        rows.append(
+            [
+                str(r.get("search")),
+                _n(r.get("peak_rps")),
+                str(r.get("peak_from") or (r.get("estimate") or {}).get("limit")),
+                f"[{_n(lo)}, {_n(hi)}]",
+                str(r.get("n_points")),
+                _n(r.get("elapsed_s"), 0),
+                str((r.get("server") or {}).get("pid")),
+            ]
+        )
+    return rows
 
 
 def fit_sentence(peak: Mapping[str, Any]) -> str:
@@ -120,7 +159,7 @@ def curve_figure(peak: Mapping[str, Any]) -> Any:
     ax.axhline(slo, color="#e63946", ls="--", lw=1, label=f"SLO {slo:g} ms")
     ilo, ihi = peak.get("interval_rps") or [None, None]
     if ilo and ihi:
-        what = "95 % interval" if peak.get("interval_from") == "edge_ci" else "[L, U]"
+        what = "95 % interval" if peak.get("interval_from") in ("edge_ci", "searches") else "[L, U]"
         ax.axvspan(ilo, ihi, color="#f4a261", alpha=0.3, label=f"peak {what}")
     if peak.get("peak_rps"):
         ax.axvline(peak["peak_rps"], color="#f4a261", lw=1.5)
@@ -216,6 +255,19 @@ def peak_markdown(doc: Mapping[str, Any]) -> str:
         f"{len(peak.get('points') or [])} points in {peak.get('elapsed_s')} s; stopped: "
         f"{peak.get('stopped')}.",
         "",
+    ]
+    if peak.get("searches"):
+        lines += [
+            "## Searches",
+            "",
+            "Each search is a whole `harness peak` search (bracketing, bisection, the edge "
+            "repeats) on its own server lifetime; its peak is its logistic edge when that "
+            "lies in its [L, U], else the midpoint.",
+            "",
+            _md_table(_SEARCH_HEAD, _search_rows(peak)),
+            "",
+        ]
+    lines += [
         "## Curve (rate → latency, errors, goodput)",
         "",
         _md_table(_CURVE_HEAD, _curve_rows(peak)),
@@ -225,8 +277,13 @@ def peak_markdown(doc: Mapping[str, Any]) -> str:
         lines += ["", "## Invalid points", "", *bad]
     lines += [
         "",
-        "Every point's own results: `points/point_NN/results.json` "
-        "(`harness report points/point_NN` renders its report).",
+        (
+            "Every point's own results: `search_K/points/point_NN/results.json` "
+            "(`harness report search_K/points/point_NN` renders its report)."
+            if peak.get("searches")
+            else "Every point's own results: `points/point_NN/results.json` "
+            "(`harness report points/point_NN` renders its report)."
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -254,12 +311,17 @@ def peak_html(doc: Mapping[str, Any]) -> str:
     except (ValueError, TypeError) as e:  # too few points to draw
         img = f"<p>(no plot: {html.escape(str(e))})</p>"
     bad = _invalid(peak)
-    md = peak_markdown(doc).split("## Curve")[0]
+    md = peak_markdown(doc).split("## Searches")[0].split("## Curve")[0]
+    searches = (
+        "<h2>Searches</h2>" + _html_table(_SEARCH_HEAD, _search_rows(peak))
+        if peak.get("searches")
+        else ""
+    )
     intro = "".join(f"<p>{html.escape(line)}</p>" for line in md.splitlines()[2:] if line.strip())
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>harness peak</title>"
         f"<style>{_CSS}</style></head><body><h1>harness peak</h1>"
-        f"<p class='lead'>{html.escape(peak_sentence(peak))}</p>{intro}{img}"
+        f"<p class='lead'>{html.escape(peak_sentence(peak))}</p>{intro}{img}{searches}"
         f"<h2>Curve (rate → latency, errors, goodput)</h2>"
         f"{_html_table(_CURVE_HEAD, _curve_rows(peak))}"
         + (

@@ -40,6 +40,7 @@ from harness.peak.search import (
     fit_edge,
     knee,
     samples_needed,
+    searches_interval,
 )
 
 POINT_STAGE = "point"
@@ -67,6 +68,10 @@ class PeakConfig:
     # the refine phase (search.SearchParams.precision): harness peak's --precision; None
     # for tune and --capacity=peak, whose answers are [L, U] from the repeats alone
     precision: float | None = None
+    # harness peak's --searches: K > 1 searches, each on a freshly started server (when
+    # the harness starts it), the peak their mean and its interval from their spread
+    # (search.searches_interval); each search without a refine phase
+    searches: int = 1
 
     def validate(self) -> PeakConfig:
         def bad(flag: str, value: Any, valid: str) -> ConfigError:
@@ -94,6 +99,13 @@ class PeakConfig:
             raise bad("--max-points", self.max_points, "an integer >= 2")
         if self.precision is not None and not 0 < self.precision < 1:
             raise bad("--precision", self.precision, "a fraction in (0, 1), e.g. 0.15")
+        if not 1 <= self.searches <= 20:
+            raise bad("--searches", self.searches, "an integer in 1..20, e.g. 6")
+        if self.searches > 1 and self.precision is not None:
+            raise ConfigError(
+                "--precision and --searches > 1 are both set; give one: with several searches "
+                "the interval comes from their spread (--precision 0 or --searches 1)"
+            )
         return self
 
     @property
@@ -519,6 +531,14 @@ def new_peak_document(sut: Mapping[str, Any]) -> dict[str, Any]:
     return new_document(machine=machine_metadata(), sut=dict(sut), loadgen={})
 
 
+def check_sut_cmd(sut_cmd: str) -> None:
+    if "{port}" not in sut_cmd:
+        raise ConfigError(
+            f"--sut-cmd has value {sut_cmd!r}: no {{port}} placeholder; the harness picks "
+            "the port, e.g. 'python -m reference_server --port {port}'"
+        )
+
+
 @contextlib.contextmanager
 def target_for(
     *,
@@ -532,11 +552,7 @@ def target_for(
 ) -> Iterator[tuple[Target, Callable[[], bool], dict[str, Any]]]:
     """The server the points go to: started here (kept between points) or the user's."""
     if sut_cmd is not None:
-        if "{port}" not in sut_cmd:
-            raise ConfigError(
-                f"--sut-cmd has value {sut_cmd!r}: no {{port}} placeholder; the harness picks "
-                "the port, e.g. 'python -m reference_server --port {port}'"
-            )
+        check_sut_cmd(sut_cmd)
         from harness.acceptance import core_split
 
         split = core_split(sut_cores)
@@ -565,29 +581,151 @@ def run_peak(
     extra_args: tuple[str, ...] = (),
     show: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], ExitCode]:
-    """The whole of ``harness peak``: the search, its document, its reports."""
+    """The whole of ``harness peak``: the search (or ``cfg.searches`` of them), its
+    document, its reports."""
     cfg.validate()
+    if sut_cmd is not None:
+        check_sut_cmd(sut_cmd)  # before anything is printed or measured
     started = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    with target_for(
-        sut_cmd=sut_cmd,
-        url=url,
-        sut_pid=sut_pid,
-        sut_cores=sut_cores,
-        model=model,
-        log_path=out_dir / "server.log",
-        extra_args=extra_args,
-    ) as (target, alive, sut_desc):
-        show(
-            f"peak: SLO p99 <= {cfg.slo_p99_ms:g} ms over all requests, errors <= "
-            f"{cfg.max_error_rate:.1%}; {cfg.samples} requests per point "
-            f"({cfg.confidence:.0%} early stopping); server {target.url}"
+    where = {
+        "sut_cmd": sut_cmd,
+        "url": url,
+        "sut_pid": sut_pid,
+        "sut_cores": sut_cores,
+        "model": model,
+        "extra_args": extra_args,
+    }
+    show(
+        f"peak: SLO p99 <= {cfg.slo_p99_ms:g} ms over all requests, errors <= "
+        f"{cfg.max_error_rate:.1%}; {cfg.samples} requests per point "
+        f"({cfg.confidence:.0%} early stopping)"
+        + (
+            f"; {cfg.searches} searches, each on a freshly started server"
+            if cfg.searches > 1 and sut_cmd is not None
+            else f"; {cfg.searches} searches on the same server"
+            if cfg.searches > 1
+            else ""
         )
-        s, why = search(cfg, target, out_dir, show, alive=alive)
-    doc = new_peak_document(sut_desc)
-    doc["peak"] = summarize(cfg, s, why, started=started, extra={})
+    )
+    if cfg.searches == 1:
+        s, why, sut_desc = _one_search(cfg, out_dir, where, show)
+        doc = new_peak_document(sut_desc)
+        doc["peak"] = summarize(cfg, s, why, started=started, extra={})
+    else:
+        sections: list[dict[str, Any]] = []
+        start = cfg.start_rps
+        for k in range(1, cfg.searches + 1):
+            one = replace(cfg, start_rps=start, searches=1)
+            t0 = time.monotonic()
+            s, why, sut_desc = _one_search(one, out_dir / f"search_{k}", where, show)
+            sec = summarize(one, s, why, started=t0, extra={"search": k, "server": sut_desc})
+            sections.append(sec)
+            show(f"search {k}/{cfg.searches}: {_search_line(sec)}")
+            # every later search starts where the first did (half its capacity probe): the
+            # searches are alike, and the probe is not measured again
+            start = start or s.params.start_rps
+            if why == "interrupted" or (sec["estimate"] or {}).get("limit") != "slo":
+                break
+        doc = new_peak_document(sections[0]["server"])
+        doc["peak"] = combine_searches(cfg, sections, started=started)
     code = exit_code(doc["peak"])
     doc["verdict"] = None  # a measurement, not a checklist verdict: see peak.estimate
     write_outputs(out_dir, doc)
     (out_dir / "peak.json").write_text(json.dumps(doc["peak"], indent=2, default=str))
     return doc, code
+
+
+def _one_search(
+    cfg: PeakConfig, out_dir: Path, where: Mapping[str, Any], show: Callable[[str], None]
+) -> tuple[PeakSearch, str, dict[str, Any]]:
+    """One search on the server ``where`` names (started for it, stopped after it)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with target_for(**where, log_path=out_dir / "server.log") as (target, alive, sut_desc):
+        show(f"  server {target.url}" + (f" (pid {target.pid})" if target.pid else ""))
+        s, why = search(cfg, target, out_dir, show, alive=alive)
+    return s, why, sut_desc
+
+
+def _search_line(sec: Mapping[str, Any]) -> str:
+    from harness.peak.report import peak_sentence
+
+    return peak_sentence(sec).split(". The interval is")[0]
+
+
+def combine_searches(
+    cfg: PeakConfig, sections: list[dict[str, Any]], *, started: float
+) -> dict[str, Any]:
+    """The ``peak`` section of results.json for ``cfg.searches`` searches: the peak is the
+    mean of their peaks and its interval is Student's t over them
+    (``search.searches_interval``). Every search must have found its edge under the SLO;
+    one that did not (cut short, the server exited, no rate met the SLO) is the run's
+    answer, and the searches measured so far are still written."""
+    k_asked = cfg.searches
+    points = [{**p, "search": sec["search"]} for sec in sections for p in sec["points"]]
+    pts = [Point.from_dict(p) for p in points]
+    fit = fit_edge(pts)
+    bands = [sec["band_rps"] for sec in sections]
+    answered = [
+        sec
+        for sec in sections
+        if (sec["estimate"] or {}).get("limit") == "slo" and sec.get("peak_rps")
+    ]
+    lows = [b[0] for b in bands if b[0] is not None]
+    highs = [b[1] for b in bands if b[1] is not None]
+    band = [min(lows, default=None), max(highs, default=None)]
+    spread: float | None = None
+    if len(answered) == k_asked:
+        si = searches_interval([sec["peak_rps"] for sec in answered])
+        est: dict[str, Any] = {
+            "low_rps": band[0],
+            "high_rps": band[1],
+            "peak_rps": si.peak_rps,
+            "confidence": si.confidence,
+            "limit": "slo",
+            "mixed_rps": [],
+            "note": f"{k_asked} searches",
+        }
+        peak, interval, spread = si.peak_rps, list(si.ci_rps), si.sd_rps
+        stopped = "found"
+    else:
+        bad = next(sec for sec in sections if sec not in answered)
+        est = dict(bad["estimate"])
+        est["note"] = f"search {bad['search']} of {k_asked}: {bad['stopped'] or est.get('note')}"
+        est["peak_rps"] = None
+        if est.get("limit") == "slo":  # found, then cut: no answer from it
+            est["limit"] = "budget"
+        peak, interval, stopped = None, [None, None], bad["stopped"]
+    first = sections[0]
+    return {
+        "slo_p99_ms": cfg.slo_p99_ms,
+        "max_error_rate": cfg.max_error_rate,
+        "confidence": cfg.confidence,
+        "samples_per_point": cfg.samples,
+        "tolerance": cfg.tolerance,
+        "repeats": cfg.repeats,
+        "edge_confidence": edge_confidence(cfg.repeats),
+        "config": asdict(cfg),
+        "estimate": est,
+        "peak_rps": peak,
+        "peak_from": f"mean of {k_asked} searches",
+        "interval_rps": interval,
+        "interval_from": "searches",
+        "band_rps": band,
+        "searches_asked": k_asked,
+        "spread_rps": spread,  # the searches' sample sd
+        "searches": [
+            {key: v for key, v in sec.items() if key not in ("points", "curve", "config")}
+            | {"n_points": len(sec["points"])}
+            for sec in sections
+        ],
+        "knee_rps": knee(pts),
+        "edge_fit": fit.as_dict() if fit else None,
+        "calibration_rps": first.get("calibration_rps"),
+        "stopped": stopped,
+        "points": points,
+        "curve": sorted(
+            (p for p in points if p["outcome"] != "invalid"), key=lambda d: d["rate_rps"]
+        ),
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }

@@ -145,6 +145,40 @@ def answers_agree(a: tuple[float, float, float], b: tuple[float, float, float]) 
     return hi_run[0] - lo_run[0] <= math.hypot(up, down)
 
 
+@dataclass(frozen=True)
+class SearchesInterval:
+    """The peak of K independent searches: their mean and a Student-t interval from
+    their spread (``searches_interval``)."""
+
+    peak_rps: float
+    ci_rps: tuple[float, float]
+    sd_rps: float  # the searches' sample standard deviation
+    k: int
+    confidence: float = EDGE_CI
+
+
+def searches_interval(edges: Sequence[float], confidence: float = EDGE_CI) -> SearchesInterval:
+    """Mean ± t(confidence, K-1) · sd / √K over K searches' edges.
+
+    One search's interval is from its own points, and its points all come from one
+    stretch of minutes on one server: a change of speed between lifetimes or over the
+    next stretch is in none of them (measured: over six runs of `harness peak` on the
+    reference server the edge moved with sd 32 req/s where the runs' own intervals
+    implied 17; docs/peak.md). K searches, each on a freshly started server, spread over the run's
+    minutes, measure that move: their spread is the whole variance of one search's
+    answer — its points' noise, the server lifetime's and the machine's drift over the
+    run — and Student's t accounts for estimating it from K of them."""
+    from scipy.stats import t
+
+    k = len(edges)
+    if k < 2:
+        raise ValueError(f"an interval from the searches' spread needs >= 2, got {k}")
+    mean = sum(edges) / k
+    sd = math.sqrt(sum((e - mean) ** 2 for e in edges) / (k - 1))
+    half = float(t.ppf(0.5 + confidence / 2, k - 1)) * sd / math.sqrt(k)
+    return SearchesInterval(mean, (mean - half, mean + half), sd, k, confidence)
+
+
 def edge_confidence(repeats: int) -> float:
     """The nominal confidence that [L, U] holds the edge, for bounds fixed in advance; the
     search's bounds are chosen after the outcomes, and hold less often on a gradual edge
