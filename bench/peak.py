@@ -1,9 +1,12 @@
 """Is `harness peak` repeatable? N runs on the reference server, each with its interval.
 
-Done-when of issue 14: every run's peak lies inside every other run's interval [L, U]
-(the same peak within its own stated interval), and the intervals are narrower than the
-spread of the capacity probe the harness used before (519–679 req/s on this box: 27 % of
-its mean), which each run's first point measures again here.
+Done-when of issue 14: the runs give the same peak within their stated intervals (every
+pair's difference within the root sum of squares of the facing half-widths:
+`harness.peak.search.answers_agree`), and the intervals are narrower than the spread of
+the capacity probe the harness used before (519–679 req/s on this box: 27 % of its mean),
+which each run's first point measures again here. Each run is a default `harness peak`:
+6 searches on fresh servers, the interval Student's t over them (15–30 min a run); pass
+`-- --searches 1` for the single refined search.
 
     flock /tmp/harness-cpu.lock nice -n 19 python bench/peak.py --runs 3 --slo-p99-ms 100 \
         --out /tmp/peak-bench

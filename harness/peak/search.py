@@ -167,7 +167,8 @@ def searches_interval(edges: Sequence[float], confidence: float = EDGE_CI) -> Se
     implied 17; docs/peak.md). K searches, each on a freshly started server, spread over the run's
     minutes, measure that move: their spread is the whole variance of one search's
     answer — its points' noise, the server lifetime's and the machine's drift over the
-    run — and Student's t accounts for estimating it from K of them."""
+    run — and Student's t accounts for estimating it from K of them. A rate is not
+    negative: the lower end stops at 0."""
     from scipy.stats import t
 
     k = len(edges)
@@ -176,7 +177,7 @@ def searches_interval(edges: Sequence[float], confidence: float = EDGE_CI) -> Se
     mean = sum(edges) / k
     sd = math.sqrt(sum((e - mean) ** 2 for e in edges) / (k - 1))
     half = float(t.ppf(0.5 + confidence / 2, k - 1)) * sd / math.sqrt(k)
-    return SearchesInterval(mean, (mean - half, mean + half), sd, k, confidence)
+    return SearchesInterval(mean, (max(0.0, mean - half), mean + half), sd, k, confidence)
 
 
 def edge_confidence(repeats: int) -> float:
