@@ -363,6 +363,14 @@ def test_issue12_leaks_nets_out_the_harness_connections() -> None:
     # a leaked thread per reset is caught the same way
     threads = {**grow, "server": _server([5] * n, [2] * n, [6] * 20 + [306] * 20)}
     assert _judge(leaks, "network.leaks", threads).passed is False
+    # a count read late (None) leaves its tick out — never pairs another tick's sockets
+    # with it, and the other ticks still judge the pool as the harness's
+    late = [2] * 20 + [17] * 20
+    late[30] = None
+    c = _judge(
+        leaks, "network.leaks", {**grow, "server": _server([5] * 20 + [20] * 20, late, [6] * n)}
+    )
+    assert c.passed is True and c.value == 0
     # no server samples: skipped, never passed
     c = _judge(leaks, "network.leaks", {**grow, "server": None})
     assert c.passed is None and "no server-side samples" in c.skipped

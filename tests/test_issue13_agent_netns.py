@@ -299,7 +299,12 @@ def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Pat
         ser = sc["server"]["series"]
         mid = slice(len(ser["t"]) // 4, 3 * len(ser["t"]) // 4)  # under load
         conns, socks = ser["client_conns"][mid], ser["socket_fds"][mid]
-        assert all(c is not None for c in conns), ser["client_conns"]
+        # a count read late leaves its tick unknown (1 of 61 in a contention run, at a
+        # stage's spawn); the leak checks judge the net series on the known ticks when
+        # they are 90 % or more (harness/checks/soak.py)
+        known = [c for c in conns if c is not None]
+        assert len(known) >= 0.9 * len(conns), ser["client_conns"]
+        conns = known
         assert sorted(conns)[len(conns) // 2] >= 0.5 * sorted(socks)[len(socks) // 2], (
             conns,
             socks,

@@ -132,6 +132,10 @@ def test_issue14_a_search_without_an_answer_is_the_runs_answer() -> None:
     assert peak["peak_rps"] is None and exit_code(peak) == 3
     assert "search 2 of 3: interrupted" in peak_sentence(peak)
     assert len(peak["points"]) == len(good["points"]) + len(cut["points"])
+    # stopped between two searches: two answered, the third never started
+    peak = combine_searches(cfg, [good, _section(410.0, 2, 3, 102)], started=time.monotonic())
+    assert peak["peak_rps"] is None and exit_code(peak) == 3
+    assert "interrupted after 2 of 3 searches" in peak_sentence(peak)
 
 
 def test_issue14_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monkeypatch) -> None:

@@ -220,6 +220,26 @@ def test_issue9_fds_trend_judges_sockets_net_of_the_harness_connections() -> Non
     assert c.value == pytest.approx(3.0, rel=0.25) and "socket fd leak" in c.detail
 
 
+def test_issue9_one_late_connection_count_does_not_judge_the_pool_as_the_servers() -> None:
+    """A count read late leaves one tick unknown (a measured contention run: 1 of 61). The
+    net series is judged on the ticks that have a count; falling back to all sockets would
+    fail the healthy run above on the harness's own growing pool."""
+    sc = _pool_growth()
+    conns = sc["server"]["series"]["client_conns"]
+    conns[len(conns) // 2] = None
+    c = run("soak.fds_trend", sc)
+    passed(c)
+    assert "net of the harness's own connections" in c.detail
+    # and a real leak under the same hole is still caught
+    leaky = _pool_growth(leak_per_min=3.0)
+    leaky["server"]["series"]["client_conns"][len(conns) // 2] = None
+    failed(run("soak.fds_trend", leaky))
+    # mostly unknown: not judged net (the sockets are judged whole, as without counts)
+    most = _pool_growth()
+    most["server"]["series"]["client_conns"] = [None] * len(conns)
+    failed(run("soak.fds_trend", most))
+
+
 def test_issue9_sampler_counts_the_connections_the_harness_holds() -> None:
     """A real server process with accepted connections: the sampler counts the ones whose
     other end is ours (peer_pids) and not the ones another process holds."""

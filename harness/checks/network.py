@@ -176,11 +176,21 @@ def _offset(result: Mapping[str, Any]) -> float | None:
 
 
 def _net_sockets(result: Mapping[str, Any], spans: Sequence[tuple[float, float]]) -> list[float]:
-    socks = _server_span(result, "socket_fds", spans)
-    conns = _server_span(result, "client_conns", spans)
-    if len(conns) != len(socks):
+    """The server's sockets less the harness's own connections, tick by tick: a tick
+    missing either (a count read late) is left out, never paired with another tick's."""
+    series = (result.get("server") or {}).get("series") or {}
+    socks, conns = series.get("socket_fds") or [], series.get("client_conns") or []
+    if len(socks) != len(conns):
         return []
-    return [s - c for s, c in zip(socks, conns, strict=True)]
+    net = [
+        None if s is None or c is None else float(s) - float(c)
+        for s, c in zip(socks, conns, strict=True)
+    ]
+    return _server_span(
+        {**result, "server": {**result["server"], "series": {**series, "net_sockets": net}}},
+        "net_sockets",
+        spans,
+    )
 
 
 @implements("network.leaks")

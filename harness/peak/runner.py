@@ -613,20 +613,27 @@ def run_peak(
         doc = new_peak_document(sut_desc)
         doc["peak"] = summarize(cfg, s, why, started=started, extra={})
     else:
+        from harness.acceptance import _Interrupt
+
         sections: list[dict[str, Any]] = []
         start = cfg.start_rps
-        for k in range(1, cfg.searches + 1):
-            one = replace(cfg, start_rps=start, searches=1)
-            t0 = time.monotonic()
-            s, why, sut_desc = _one_search(one, out_dir / f"search_{k}", where, show)
-            sec = summarize(one, s, why, started=t0, extra={"search": k, "server": sut_desc})
-            sections.append(sec)
-            show(f"search {k}/{cfg.searches}: {_search_line(sec)}")
-            # every later search starts where the first did (half its capacity probe): the
-            # searches are alike, and the probe is not measured again
-            start = start or s.params.start_rps
-            if why == "interrupted" or (sec["estimate"] or {}).get("limit") != "slo":
-                break
+        # SIGINT/SIGTERM between two searches (a server starting or stopping) ends the run
+        # as one during a search does: what was measured is written
+        with _Interrupt() as between:
+            for k in range(1, cfg.searches + 1):
+                if between.requested:
+                    break
+                one = replace(cfg, start_rps=start, searches=1)
+                t0 = time.monotonic()
+                s, why, sut_desc = _one_search(one, out_dir / f"search_{k}", where, show)
+                sec = summarize(one, s, why, started=t0, extra={"search": k, "server": sut_desc})
+                sections.append(sec)
+                show(f"search {k}/{cfg.searches}: {_search_line(sec)}")
+                # every later search starts where the first did (half its capacity probe):
+                # the searches are alike, and the probe is not measured again
+                start = start or s.params.start_rps
+                if why == "interrupted" or (sec["estimate"] or {}).get("limit") != "slo":
+                    break
         doc = new_peak_document(sections[0]["server"])
         doc["peak"] = combine_searches(cfg, sections, started=started)
     code = exit_code(doc["peak"])
@@ -688,6 +695,18 @@ def combine_searches(
         }
         peak, interval, spread = si.peak_rps, list(si.ci_rps), si.sd_rps
         stopped = "found"
+    elif len(answered) == len(sections):  # interrupted between two searches
+        stopped = f"interrupted after {len(sections)} of {k_asked} searches"
+        est = {
+            "low_rps": band[0],
+            "high_rps": band[1],
+            "peak_rps": None,
+            "confidence": 0.0,
+            "limit": "budget",
+            "mixed_rps": [],
+            "note": stopped,
+        }
+        peak, interval = None, [None, None]
     else:
         bad = next(sec for sec in sections if sec not in answered)
         est = dict(bad["estimate"])
