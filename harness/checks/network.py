@@ -153,9 +153,16 @@ def _server_span(
     result: Mapping[str, Any], key: str, spans: Sequence[tuple[float, float]]
 ) -> list[float]:
     """Server samples of ``key`` whose scenario time falls in any of ``spans``."""
-    server = result.get("server") or {}
-    series = server.get("series") or {}
-    t, y = series.get("t") or [], series.get(key) or []
+    series = (result.get("server") or {}).get("series") or {}
+    return _in_spans(result, series.get(key) or [], spans)
+
+
+def _in_spans(
+    result: Mapping[str, Any], y: Sequence[float | None], spans: Sequence[tuple[float, float]]
+) -> list[float]:
+    """The known values of ``y`` (on the server's ticks) whose scenario time falls in any
+    of ``spans``."""
+    t = ((result.get("server") or {}).get("series") or {}).get("t") or []
     off = _offset(result)
     if off is None or len(t) != len(y):
         return []
@@ -186,11 +193,7 @@ def _net_sockets(result: Mapping[str, Any], spans: Sequence[tuple[float, float]]
         None if s is None or c is None else float(s) - float(c)
         for s, c in zip(socks, conns, strict=True)
     ]
-    return _server_span(
-        {**result, "server": {**result["server"], "series": {**series, "net_sockets": net}}},
-        "net_sockets",
-        spans,
-    )
+    return _in_spans(result, net, spans)
 
 
 @implements("network.leaks")

@@ -447,14 +447,7 @@ def summarize(
     fit = fit_edge(s.points)
     headline, source, interval, interval_from = headline_peak(est, fit, cfg.precision)
     return {
-        "slo_p99_ms": cfg.slo_p99_ms,
-        "max_error_rate": cfg.max_error_rate,
-        "confidence": cfg.confidence,
-        "samples_per_point": cfg.samples,
-        "tolerance": cfg.tolerance,
-        "repeats": cfg.repeats,
-        "edge_confidence": edge_confidence(cfg.repeats),
-        "config": asdict(cfg),
+        **_settings(cfg),
         "estimate": est.as_dict(),
         "peak_rps": headline,
         "peak_from": source,
@@ -471,6 +464,20 @@ def summarize(
         "curve": curve,
         "elapsed_s": round(time.monotonic() - started, 1),
         **extra,
+    }
+
+
+def _settings(cfg: PeakConfig) -> dict[str, Any]:
+    """What a ``peak`` section states about how it was asked (one search or several)."""
+    return {
+        "slo_p99_ms": cfg.slo_p99_ms,
+        "max_error_rate": cfg.max_error_rate,
+        "confidence": cfg.confidence,
+        "samples_per_point": cfg.samples,
+        "tolerance": cfg.tolerance,
+        "repeats": cfg.repeats,
+        "edge_confidence": edge_confidence(cfg.repeats),
+        "config": asdict(cfg),
     }
 
 
@@ -601,11 +608,10 @@ def run_peak(
         f"{cfg.max_error_rate:.1%}; {cfg.samples} requests per point "
         f"({cfg.confidence:.0%} early stopping)"
         + (
-            f"; {cfg.searches} searches, each on a freshly started server"
-            if cfg.searches > 1 and sut_cmd is not None
-            else f"; {cfg.searches} searches on the same server"
-            if cfg.searches > 1
-            else ""
+            ""
+            if cfg.searches == 1
+            else f"; {cfg.searches} searches, "
+            + ("each on a freshly started server" if sut_cmd else "on the same server")
         )
     )
     if cfg.searches == 1:
@@ -614,6 +620,7 @@ def run_peak(
         doc["peak"] = summarize(cfg, s, why, started=started, extra={})
     else:
         from harness.acceptance import _Interrupt
+        from harness.peak.report import peak_sentence
 
         sections: list[dict[str, Any]] = []
         start = cfg.start_rps
@@ -628,7 +635,7 @@ def run_peak(
                 s, why, sut_desc = _one_search(one, out_dir / f"search_{k}", where, show)
                 sec = summarize(one, s, why, started=t0, extra={"search": k, "server": sut_desc})
                 sections.append(sec)
-                show(f"search {k}/{cfg.searches}: {_search_line(sec)}")
+                show(f"search {k}/{cfg.searches}: {peak_sentence(sec)}")
                 # every later search starts where the first did (half its capacity probe):
                 # the searches are alike, and the probe is not measured again
                 start = start or s.params.start_rps
@@ -652,12 +659,6 @@ def _one_search(
         show(f"  server {target.url}" + (f" (pid {target.pid})" if target.pid else ""))
         s, why = search(cfg, target, out_dir, show, alive=alive)
     return s, why, sut_desc
-
-
-def _search_line(sec: Mapping[str, Any]) -> str:
-    from harness.peak.report import peak_sentence
-
-    return peak_sentence(sec).split(". The interval is")[0]
 
 
 def combine_searches(
@@ -717,14 +718,7 @@ def combine_searches(
         peak, interval, stopped = None, [None, None], bad["stopped"]
     first = sections[0]
     return {
-        "slo_p99_ms": cfg.slo_p99_ms,
-        "max_error_rate": cfg.max_error_rate,
-        "confidence": cfg.confidence,
-        "samples_per_point": cfg.samples,
-        "tolerance": cfg.tolerance,
-        "repeats": cfg.repeats,
-        "edge_confidence": edge_confidence(cfg.repeats),
-        "config": asdict(cfg),
+        **_settings(cfg),
         "estimate": est,
         "peak_rps": peak,
         "peak_from": f"mean of {k_asked} searches",
