@@ -22,7 +22,22 @@ import sys
 import time
 from pathlib import Path
 
+from harness.peak.tune import rank
+
 PLANTED = "max_batch=32,delay=1,workers=1"
+
+
+def top(ranked: list[dict]) -> list[str]:
+    """The configurations the tune placed in its top 3: rank <= 3, where a rank is 1 + the
+    configurations *measured* better (shared ranks are ties the search did not separate,
+    so a tie at 3rd puts both in the top 3 — ordering them on noise would not)."""
+    return [r["key"] for r in ranked if r.get("rank") is not None and r["rank"] <= 3]
+
+
+def contradictions(a: dict[str, int], b: dict[str, int]) -> list[tuple[str, str]]:
+    """Pairs one tune separated one way and the other tune the other way."""
+    both = sorted(set(a) & set(b))
+    return [(x, y) for x in both for y in both if a[x] < a[y] and b[x] > b[y]]
 
 
 def tune_argv(out: Path, slo: float) -> list[str]:
@@ -57,7 +72,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--slo-p99-ms", type=float, default=100.0)
     ap.add_argument("--out", default="harness-results/tune-bench")
-    ap.add_argument("--from", dest="from_dir", default=None, help="re-render runs made earlier")
+    ap.add_argument(
+        "--from",
+        dest="from_dir",
+        default=None,
+        help="re-render runs made earlier (ranked by this checkout's rule)",
+    )
     a = ap.parse_args()
     out = Path(a.from_dir or a.out)
     runs = []
@@ -70,37 +90,59 @@ def main() -> int:
             print(proc.stdout.strip() or proc.stderr[-800:])
         wall = round(time.monotonic() - started, 1)
         tune = json.loads((d / "results.json").read_text())["tune"]
-        keys = [r["key"] for r in tune["ranked"]]
+        if a.from_dir is not None:  # earlier runs, ranked by this checkout's rule
+            tune["ranked"] = rank(tune["ranked"], tune["peak_config"]["tolerance"])
         runs.append(
             {
                 "run": i,
                 "wall_s": wall if a.from_dir is None else tune["elapsed_s"],
                 "measured": tune["measured"],
                 "pruned": len(tune["pruned"]),
-                "top3": keys[:3],
+                "top3": top(tune["ranked"]),
+                "ranks": {r["key"]: r["rank"] for r in tune["ranked"]},
                 "peaks": {r["key"]: r["peak_rps"] for r in tune["ranked"]},
                 "recommended": tune["recommended"],
                 "default_peak": next(
                     (r["peak_rps"] for r in tune["ranked"] if r["key"] == tune["default"]), None
                 ),
                 "margin_over_default": tune["margin_over_default"],
-                "planted_rank": keys.index(PLANTED) + 1 if PLANTED in keys else None,
+                "planted_rank": next(
+                    (r["rank"] for r in tune["ranked"] if r["key"] == PLANTED), None
+                ),
             }
         )
     print()
     for r in runs:
-        top = ", ".join(f"{k} ({r['peaks'][k]:.0f})" for k in r["top3"])
+        best = ", ".join(f"={r['ranks'][k]} {k} ({r['peaks'][k]:.0f})" for k in r["top3"])
         margin = r["margin_over_default"]
         print(
             f"tune {r['run']}: {r['wall_s'] / 60:.1f} min; {r['measured']} of 18 measured, "
             f"{r['pruned']} pruned; recommended {r['recommended']} "
             f"({'n/a' if margin is None else f'{margin:+.0%}'} over the default, "
             f"{_f(r['default_peak'])} req/s); planted {PLANTED} rank "
-            f"{r['planted_rank'] or 'not measured'}; top 3: {top}"
+            f"{r['planted_rank'] or 'not measured'}; top 3: {best}"
         )
     planted_ok = all(r["recommended"] != PLANTED for r in runs)
     in_time = all(r["wall_s"] <= 20 * 60 for r in runs)
-    stable = len(runs) < 2 or all(set(r["top3"]) == set(runs[0]["top3"]) for r in runs)
+    # stable: the same configurations in the top 3, and no pair of measured configurations
+    # that one tune ranks above the other and the other tune below it
+    flips = [f for r in runs[1:] for f in contradictions(runs[0]["ranks"], r["ranks"])]
+    flips = [(x, y) for x, y in flips if None not in (runs[0]["ranks"][x], runs[0]["ranks"][y])]
+    stable = len(runs) < 2 or (
+        all(set(r["top3"]) == set(runs[0]["top3"]) for r in runs) and not flips
+    )
+    for x, y in flips:
+        print(f"ranked one way in tune 1 and the other way in another: {x} vs {y}")
+    if len(runs) > 1:
+        # what the strict comparison cannot tell apart: a different climb, or a different rank
+        common = set.intersection(*(set(r["ranks"]) for r in runs))
+        alone = sorted(set.union(*(set(r["ranks"]) for r in runs)) - common)
+        agree = all(set(r["top3"]) & common == set(runs[0]["top3"]) & common for r in runs)
+        print(
+            f"measured in every tune: {len(common)}; top 3 among them the same: "
+            f"{'yes' if agree else 'NO'}"
+            + (f"; measured in only some tunes: {', '.join(alone)}" if alone else "")
+        )
     print(
         f"planted regression never recommended: {'yes' if planted_ok else 'NO'}; every tune "
         f"<= 20 min: {'yes' if in_time else 'NO'}"

@@ -349,15 +349,30 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
         return "No configuration met the SLO at any rate measured: nothing to recommend."
     top = (tune.get("ranked") or [{}])[0]
     text = f"Recommended: {rec} — peak {top['peak_rps']:.1f} req/s under the SLO"
+    tied = tune.get("tied_with_recommended") or []
+    dflt = tune.get("default")
     if tune.get("default_is_best"):
         text += "; the default configuration is already the best measured"
+    elif tune.get("margin_over_default") is not None and dflt in tied:
+        # a peak the search did not separate from the default's is not a win over it
+        text += (
+            f"; not measurably better than the default ({dflt}): its peak is "
+            f"{tune['margin_over_default']:+.0%} against the default's, but the two share "
+            "rank 1"
+        )
     elif tune.get("margin_over_default") is not None:
-        text += f", {tune['margin_over_default']:+.0%} over the default ({tune['default']})"
+        text += (
+            f", {tune['margin_over_default']:+.0%} over the default ({dflt}, which missed the "
+            "SLO at a rate a better-ranked configuration held)"
+        )
     else:
-        text += f"; the default ({tune['default']}) met the SLO at no rate measured"
+        text += f"; the default ({dflt}) met the SLO at no rate measured"
     if tune.get("margin_over_worst") is not None:
-        text += f" and {tune['margin_over_worst']:+.0%} over the worst measured ({tune['worst']})"
-    tied = tune.get("tied_with_recommended") or []
+        none_met = [r["key"] for r in tune.get("ranked") or [] if r.get("peak_rps") == 0.0]
+        text += (
+            f"; {tune['margin_over_worst']:+.0%} over the lowest peak measured ({tune['worst']})"
+            + (f" — {', '.join(none_met)} met the SLO at no rate" if none_met else "")
+        )
     if tied:
         text += (
             f". Tied at rank 1 with {', '.join(tied)}: the search did not separate them (each "

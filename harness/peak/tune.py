@@ -14,10 +14,11 @@ Search, after Triton model_analyzer's two modes:
 
 * ``brute`` — every configuration of the cross product;
 * ``quick`` — start at the default configuration, measure its neighbours (one
-  dimension one step away, in the order the values were given) and move to the best
-  while one beats the current best (hill climbing); a neighbour whose peak fell more
-  than ``prune_margin`` below the configuration it was reached from prunes the rest of
-  that direction (values further along it are not measured: a dominated region).
+  dimension one step away, in the order the values were given), then the neighbours of
+  every configuration no other one was measured better than (rank 1: with one best,
+  hill climbing; with ties, the climb goes on from each); a neighbour whose peak fell
+  more than ``prune_margin`` below the configuration it was reached from prunes the rest
+  of that direction (values further along it are not measured: a dominated region).
 
 Resumable: ``DIR/tune_state.json`` is rewritten after every point, holding each
 configuration's points; a killed tune started again with the same arguments measures
@@ -41,7 +42,7 @@ from typing import Any
 
 from harness.errors import ConfigError, ExitCode, TargetUnavailable
 from harness.peak.runner import PeakConfig, Target, search, target_for
-from harness.peak.search import Point
+from harness.peak.search import Point, Verdicts
 
 STATE = "tune_state.json"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -245,26 +246,61 @@ def config_result(
     }
 
 
+def evidence(r: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(held, missed_from) of one configuration's search, over *every* judged outcome:
+    ``held`` the highest rate met in all its outcomes with every outcome at every lower rate
+    met too; ``missed_from`` the lowest rate missed in all its outcomes with every outcome
+    at every higher rate missed too. On a search whose outcomes are monotone in the rate
+    they are its [L, U]; where they are not (a miss at one rate, then a met above it — a
+    noisy server, or a search that ran out of points before its repeats), they widen to
+    where every outcome agrees. Without points (a result from before points were kept):
+    the peak and the rate it missed at."""
+    pts = r.get("points")
+    if not pts:
+        return (float(r["peak_rps"]) or None) if r.get("peak_rps") else None, r.get("upper_rps")
+    v = Verdicts.of([Point.from_dict(p) for p in pts])
+    rates = sorted(x for x in v.by_rate if v.judged(x))
+    held = None
+    for x in rates:
+        if any(o != "met" for o in v.judged(x)):
+            break
+        held = x
+    missed_from = None
+    for x in reversed(rates):
+        if any(o != "missed" for o in v.judged(x)):
+            break
+        missed_from = x
+    return held, missed_from
+
+
 def standing(results: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Each measured configuration's rank: 1 + how many others were *measured* better —
-    held the SLO (in every repeat) at a rate at or above the one where it missed (in every
-    repeat). Configurations no other one was measured better than share rank 1, and so on:
-    the search resolves peaks to its tolerance, so two whose brackets overlap are not
-    separated, and the table says so ("=3") instead of ordering them on noise. A
-    configuration that never missed (no upper rate) has no one measured better; one with
-    every point invalid (peak None) has no rank."""
+    held the SLO in every outcome up to a rate at or above the one from which it missed
+    the SLO in every outcome (``evidence``). Configurations no other one was measured
+    better than share rank 1, and so on: the search resolves peaks to its tolerance, so two
+    whose evidence overlaps are not separated, and the table says so ("=3") instead of
+    ordering them on noise. Judged on every outcome, not on [L, U] alone: a search out of
+    points can leave U on one miss that mets above it contradict (a tune ranked 32/5/2
+    below 8/5/1 on one miss at 220.8 req/s by 0.4 ms — 32/5/2 had met at 245, 270 and 294
+    — and the next tune could not separate them). A configuration that never missed (no
+    ``missed_from``) has no one measured better, unless it never met either (peak 0: its
+    points were mixed): every configuration that held the SLO somewhere is better than
+    that. One with every point invalid (peak None) has no rank."""
     measured = [r for r in results if r.get("peak_rps") is not None]
+    ev = {r["key"]: evidence(r) for r in measured}
     out: dict[str, int] = {}
     for r in measured:
-        upper = r.get("upper_rps")
+        missed_from = ev[r["key"]][1]
         better = 0
-        if upper is not None:
+        if missed_from is None and not float(r["peak_rps"]):
+            better = sum(1 for h in measured if ev[h["key"]][0] is not None)
+        elif missed_from is not None:
             better = sum(
                 1
                 for h in measured
                 if h["key"] != r["key"]
-                and float(h["peak_rps"] or 0.0) > 0.0
-                and float(h["peak_rps"]) >= float(upper)
+                and ev[h["key"]][0] is not None
+                and float(ev[h["key"]][0]) >= float(missed_from)
             )
         out[r["key"]] = 1 + better
     return out
@@ -503,34 +539,48 @@ class Tuner:
         return self._summary(ranked, time.monotonic() - started)
 
     def _quick(self) -> None:
-        tol = self.tc.peak.tolerance
-        best = self.tc.default
-        best_r = self.evaluate(best, None)
-        while True:
-            improved = None
-            for nb, dim, d in self.tc.space.neighbours(best):
+        """Climb on what was measured: measure the default's neighbours, then the
+        neighbours of every configuration no measured one is better than (rank 1,
+        ``standing``), the highest peak first, until every such configuration's neighbours
+        are measured or pruned. Where the search separates one best configuration this is
+        the classic hill climb (model_analyzer's quick mode); where it does not (two peaks
+        inside each other's evidence), the climb goes on from each of them, not from the
+        one whose peak came out higher by chance — two tunes of the same space otherwise
+        explored different regions after a 5 % coin toss between tied configurations."""
+        expanded: set[str] = set()
+        origin = self.evaluate(self.tc.default, None)
+        while origin is not None:
+            expanded.add(origin["key"])
+            cfg = self.tc.space.parse_config(origin["key"], "--default")
+            for nb, dim, d in self.tc.space.neighbours(cfg):
                 if key(nb) in self.pruned:
                     continue
-                r = self.evaluate(nb, _hint(best_r, None))
+                r = self.evaluate(nb, _hint(origin, None))
                 if r["peak_rps"] is None:  # not measured: no evidence to prune or climb on
                     continue
-                base = best_r["peak_rps"]  # None: the current best could not be measured
+                base = origin["peak_rps"]  # None: the origin could not be measured
                 if base is not None and float(r["peak_rps"]) < float(base) * (
                     1 - self.tc.prune_margin
                 ):
                     # a dominated direction: the values further along it are not measured
-                    self._prune_beyond(nb, dim, d, r, best_r)
-                beats = base is None or float(r["peak_rps"]) > float(base) * (1 + tol / 2)
-                if beats and (
-                    improved is None or float(r["peak_rps"]) > float(improved[1]["peak_rps"])
-                ):
-                    improved = (nb, r)
-            if improved is None:
-                break
-            best, best_r = improved
+                    self._prune_beyond(nb, dim, d, r, origin)
+            ranks = standing(list(self.results.values()))
+            frontier = [
+                r
+                for r in self.results.values()
+                if r["key"] not in expanded
+                and (ranks.get(r["key"]) == 1 or (not ranks and r["peak_rps"] is None))
+            ]
+            origin = max(
+                frontier, key=lambda r: (float(r["peak_rps"] or 0.0), r["key"]), default=None
+            )
         left = [key(c) for c in self.tc.space.all() if key(c) not in self.results]
         for k in left:
-            self.pruned.setdefault(k, "not reached: the hill climb stopped at a local best")
+            self.pruned.setdefault(
+                k,
+                "not reached: the climb stopped (every neighbour of the configurations no "
+                "other was measured better than is measured or pruned)",
+            )
 
     def _prune_beyond(
         self, cfg: Config, dim: str, d: int, r: Mapping[str, Any], from_r: Mapping[str, Any]
