@@ -417,6 +417,12 @@ def test_issue14_a_rank_is_judged_on_every_outcome_not_on_one_miss_that_mets_con
         "points": _outcomes((327.1, "met"), (490.7, "met"), (552.0, "missed"), (736.0, "missed"))
     }
     assert standing([d, b8, w2]) == {"32/5/1": 1, "8/5/1": 2, "32/5/2": 2}
+    # the table says what the rank was judged on where it is not [L, U]
+    from harness.peak.report import _tune_rows
+
+    rows = {row[1]: row for row in _tune_rows({"ranked": rank([d, b8, w2], 0.1)})}
+    assert "ranked on every outcome: met up to 196.3, missed from 318.9" in rows["32/5/2"][-1]
+    assert "ranked on every outcome" not in rows["32/5/1"][-1]
 
 
 def test_issue14_quick_mode_climbs_on_from_every_configuration_it_could_not_separate(

@@ -177,3 +177,53 @@ def test_issue14_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monk
     for name in ("results.json", "summary.md", "report.html", "peak.json"):
         assert (tmp_path / name).exists()
     assert all((tmp_path / f"search_{k}" / "server.log").exists() for k in (1, 2, 3))
+
+
+def test_issue14_a_tunes_repeats_each_run_on_a_fresh_server(tmp_path, monkeypatch) -> None:
+    """harness tune: every repeat at a rate comes from its own server lifetime, so a
+    configuration whose edge moves between lifetimes gets a peak every lifetime held. Real
+    reference servers (one per lifetime, each stopped after it); the points are simulated:
+    the edge is at 300 req/s in the first and third lifetimes and at 250 in the second.
+    The control, the same search on one server whose edge stays where it started, finds
+    ~300 — a peak the second lifetime did not hold."""
+    import psutil
+
+    from harness.peak import runner
+    from harness.peak.tune import Space, TuneConfig, Tuner, evidence
+
+    pids: list[int] = []
+    seen: list[tuple[int, float]] = []
+
+    def fake_point(cfg, target, out_dir, index, rate, longer, show, interrupt) -> Point:
+        assert psutil.pid_exists(target.pid)
+        if target.pid not in pids:
+            pids.append(target.pid)
+        seen.append((target.pid, rate))
+        edge = 250.0 if pids.index(target.pid) == 1 else 300.0
+        return Point(rate, "met" if rate <= edge else "missed", p99_ms=100.0)
+
+    monkeypatch.setattr(runner, "run_point", fake_point)
+    template = f"{sys.executable} -m reference_server --port {{port}} --max-batch-size {{mb}}"
+    space = Space.parse(["mb=8"], template)
+    pc = PeakConfig(slo_p99_ms=150.0, tolerance=0.1, repeats=3, start_rps=200.0, max_points=16)
+    tc = TuneConfig(template=template, space=space, default=space.all()[0], peak=pc)
+    r = Tuner(tc, tmp_path, show=lambda t: None).evaluate(space.all()[0], None)
+    # no rate judged twice on one server; three lifetimes or more, every server stopped
+    assert len(seen) == len(set(seen)), seen
+    assert len(pids) >= 3 and r["lifetimes"] == len(pids)
+    assert not any(psutil.pid_exists(p) for p in pids)
+    assert {p["lifetime"] for p in r["points"]} == set(range(1, len(pids) + 1))
+    d = tmp_path / "configs" / "mb-8"
+    assert (d / "server.log").exists() and (d / "server-2.log").exists()
+    # the peak is what every lifetime held, and so is the evidence the rank is judged on
+    assert r["peak_rps"] is not None and r["peak_rps"] <= 250.0, r["peak_rps"]
+    assert evidence(r)[0] <= 250.0
+    # control: one lifetime (no fresh server for the repeats) states a peak above 250
+    pids.clear()
+    control = PeakSearch(SearchParams(start_rps=200.0, tolerance=0.1, repeats=3, max_points=16))
+    for _ in range(16):
+        step = control.next_step()
+        if step.rate_rps is None:
+            break
+        control.record(Point(step.rate_rps, "met" if step.rate_rps <= 300 else "missed"))
+    assert control.estimate().low_rps > 250.0

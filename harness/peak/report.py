@@ -402,6 +402,8 @@ _TUNE_HEAD = [
 
 
 def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
+    from harness.peak.tune import evidence
+
     rows = []
     front = set(tune.get("pareto") or [])
     ranked = tune.get("ranked") or []
@@ -418,6 +420,14 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
             note.append("Pareto")
         if r.get("limit") not in ("slo", None):
             note.append(f"limit: {r.get('limit')} ({r.get('stopped')})")
+        held, missed_from = evidence(r)
+        if r.get("peak_rps") is not None and (
+            _n(held or 0.0) != _n(r.get("peak_rps")) or _n(missed_from) != _n(r.get("upper_rps"))
+        ):
+            # the rank is judged where every outcome agrees, wider than [L, U] here
+            note.append(
+                f"ranked on every outcome: met up to {_n(held)}, missed from {_n(missed_from)}"
+            )
         rows.append(
             [
                 label,

@@ -354,9 +354,16 @@ def search(
     points: list[Point] | None = None,
     on_point: Callable[[Point], None] | None = None,
     alive: Callable[[], bool] = lambda: True,
+    lifetime: int | None = None,
 ) -> tuple[PeakSearch, str]:
     """Measure points until the search stops; returns the search and why it stopped.
-    ``points``: already measured (a resumed search); ``on_point``: called after each."""
+    ``points``: already measured (a resumed search); ``on_point``: called after each.
+
+    ``lifetime``: the server's lifetime number, stamped on every point measured; the
+    search then stops with ``NEW_LIFETIME`` before measuring a rate again that this
+    lifetime already judged (a repeat), so that the caller can start a fresh server and go
+    on: every repeat at a rate comes from its own server lifetime. A longer re-measure of
+    an insufficient point, or another try after an invalid one, is not a repeat."""
     from harness.acceptance import _Interrupt
 
     points = list(points or [])
@@ -382,8 +389,13 @@ def search(
                     why = step.why
                     break
                 rate, longer = step.rate_rps, step.longer
+                if lifetime is not None and not longer and _judged_in(s.points, rate, lifetime):
+                    why = NEW_LIFETIME
+                    break
             index = len(s.points) + 1
             p = run_point(cfg, target, out_dir / "points", index, rate, longer, _quiet, interrupt)
+            if lifetime is not None:
+                p = replace(p, lifetime=lifetime)
             if start is None:
                 if p.capacity_rps or p.rate_rps > 0:
                     # half the probe (or of a capacity pinned with --capacity-rps)
@@ -400,6 +412,20 @@ def search(
                 on_point(p)
             show(_point_line(index, p, cfg))
     return s, why
+
+
+# why ``search`` stopped when its next point is a repeat of a rate its server lifetime
+# already judged (the caller starts a fresh server and searches on)
+NEW_LIFETIME = "a repeat is due on a fresh server"
+
+
+def _judged_in(points: list[Point], rate: float, lifetime: int) -> bool:
+    return any(
+        p.lifetime == lifetime
+        and p.outcome in ("met", "missed", "insufficient")
+        and abs(p.rate_rps - rate) < 0.01
+        for p in points
+    )
 
 
 def _quiet(text: str) -> None:

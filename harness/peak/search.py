@@ -88,6 +88,8 @@ class Point:
     capacity_rps: float | None = None  # the calibration probe's figure, if this point ran it
     cpu_ms_per_request: float | None = None  # server CPU over the point stage / its answers
     rss_mib: float | None = None  # the server's largest RSS during the point
+    # which server lifetime of the search measured it (1, 2, …; None: one lifetime only)
+    lifetime: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
