@@ -447,6 +447,8 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
 def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
     pc = tune.get("peak_config") or {}
     space = ", ".join(k + "=" + ",".join(v) for k, v in tune["space"].items())
+    ranked = tune.get("ranked") or []
+    lifetimes = sum(int(r.get("lifetimes") or 1) for r in ranked)
     return [
         f"Objective: {tune['objective']}.",
         f"Search: {tune['mode']} over {tune['space_size']} configurations of "
@@ -458,9 +460,14 @@ def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
         "Each configuration: its own server started, then bracketing and bisection of the "
         f"open-loop rate to {pc.get('tolerance', 0):.0%}, every point >= "
         f"{pc.get('samples_per_point')} requests judged by the harness (p99 over all "
-        "requests with early stopping, error rate, validity). *Peak* is the highest rate "
-        "that met the SLO below every rate that missed it; CPU and RSS are the server's at "
-        "that rate.",
+        "requests with early stopping, error rate, validity)"
+        + (
+            f"; each repeat at a rate on a fresh server ({lifetimes} server lifetimes in all)"
+            if lifetimes > len(ranked)
+            else ""
+        )
+        + ". *Peak* is the highest rate that met the SLO below every rate that missed it; "
+        "CPU and RSS are the server's at that rate.",
     ]
 
 
