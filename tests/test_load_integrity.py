@@ -137,3 +137,40 @@ def test_golden_fetch_gives_up_on_a_server_that_keeps_failing() -> None:
     ):
         fetch_golden(_sim_pool(srv.port, 4), "127.0.0.1", srv.port, 5.0, pauses.append)
     assert len(pauses) == GOLDEN_TRIES - 1
+
+
+def test_kept_golden_outputs_are_reused_only_for_the_same_server_process(tmp_path) -> None:
+    """``--golden-cache``: a peak search's points all run against one server; the second
+    point on reuses the golden outputs the first fetched (each fetch is 136 single
+    requests, 1-4 s on a batching server). Reused only when the server *process* is the
+    same one: a restarted server on the same port, other inputs, or a process this host
+    cannot see (no pid) fetch anew — a golden is never carried to a server it was not
+    asked of."""
+    from harness.load.target import fetch_golden, golden_key, keep_golden, kept_golden
+    from tests.server_fixtures import start_server
+
+    path = tmp_path / "golden.json"
+    with start_server("--model", "sim", "--sim-base-ms", "0") as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        pool = _sim_pool(srv.port, 12)
+        key = golden_key(pool, url, "sim", srv.pid)
+        assert key is not None and key["pid"] == srv.pid
+        assert kept_golden(path, key) is None  # nothing kept yet
+        golden = fetch_golden(pool, "127.0.0.1", srv.port, 5.0)
+        keep_golden(path, key, golden)
+        again = kept_golden(path, golden_key(pool, url, "sim", srv.pid))
+        assert again is not None
+        assert again.outputs == golden.outputs and again.tolerance == golden.tolerance
+        # other inputs on the same server: fetched anew
+        assert kept_golden(path, golden_key(_sim_pool(srv.port, 13), url, "sim", srv.pid)) is None
+        # no pid (a server on another host): never kept, never reused
+        assert golden_key(pool, url, "sim", None) is None
+        keep_golden(tmp_path / "none.json", None, golden)
+        assert not (tmp_path / "none.json").exists()
+    # everything else the same, another server process (a restart): not its own outputs
+    with start_server("--model", "sim", "--sim-base-ms", "0") as srv2:
+        new_key = golden_key(pool, url, "sim", srv2.pid)
+        assert new_key is not None and kept_golden(path, new_key) is None
+        assert {k: v for k, v in new_key.items() if k not in ("pid", "started")} == {
+            k: v for k, v in key.items() if k not in ("pid", "started")
+        }

@@ -43,6 +43,7 @@ class Options:
     # the server on another host (issue 13): sampler and chaos through `harness agent`
     agent_url: str | None = None
     agent_token: str | None = None  # a secret: never sent to workers, never in results
+    golden_cache: str | None = None  # --golden-cache FILE: golden outputs kept per server
 
     def to_wire(self) -> dict[str, Any]:
         """A plain dict for the master's plan message (harness.load.wire)."""
@@ -262,6 +263,15 @@ def add_options(parser: Any) -> None:
         env_var="HARNESS_NO_VERIFY",
         help="skip golden outputs and response integrity checks",
     )
+    g.add_argument(
+        "--golden-cache",
+        default=None,
+        env_var="HARNESS_GOLDEN_CACHE",
+        metavar="FILE",
+        help="keep the golden outputs in FILE and reuse them in later runs against the same "
+        "server process (same pid and start time, URL, model and inputs); any other server "
+        "gets them fetched anew (harness peak and tune pass one per search)",
+    )
     # Locust's start form shows an option only when it carries include_in_web_ui (its
     # parser's own add_argument sets it; a group's does not). Not shown: --quick/--full
     # (--mode's shorthands; the form shows --mode's choices) and --header (its values are
@@ -381,6 +391,7 @@ def options_from(parsed: Any, form: bool = False) -> Options:
         ready_timeout_s=parsed.ready_timeout,
         sample=not parsed.no_sample,
         verify=not parsed.no_verify,
+        golden_cache=parsed.golden_cache or None,
         duration_s=duration,
         checklist=parsed.checklist,
         **deployment,

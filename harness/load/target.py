@@ -5,6 +5,8 @@ Everything here runs on the master (or local runner) before or after the load.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -76,6 +78,59 @@ def fetch_golden(
     if retried:
         log.warning("harness: golden fetch retried %d request(s) after a 5xx/429", retried)
     return integrity.build_golden(outputs, repeats)
+
+
+def golden_key(
+    pool: payloads.PayloadPool, base_url: str, model: str, pid: int | None
+) -> dict[str, Any] | None:
+    """What a kept golden must match to be reused: the same server *process* (its pid and
+    start time: a restarted server, even on the same port, fetches anew), URL, model and
+    pool inputs. None when the process cannot be identified here (no pid, or a server on
+    another host): such a run always fetches."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    cls = pool.class_names[-1]
+    digest = hashlib.sha256()
+    for i in range(len(pool)):
+        digest.update(pool.raw(cls, i, payloads.make_id(0xFFFE, i)))
+    return {
+        "pid": pid,
+        "started": started,
+        "url": base_url,
+        "model": model,
+        "pool": digest.hexdigest(),
+    }
+
+
+def kept_golden(path: Path, key: dict[str, Any] | None) -> integrity.Golden | None:
+    """The golden outputs an earlier run kept in ``path`` (``--golden-cache``) when they
+    were fetched from the server process ``key`` names; else None (fetch them)."""
+    if key is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("key") != key:
+            return None
+        return integrity.golden_from_wire(doc["golden"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_golden(path: Path, key: dict[str, Any] | None, golden: integrity.Golden) -> None:
+    """Write ``golden`` for the next run against the same server process (atomically: a
+    run killed mid-write leaves the previous file or none)."""
+    if key is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"key": key, "golden": integrity.golden_to_wire(golden)}))
+    os.replace(tmp, path)
 
 
 def cpu_s() -> float:

@@ -332,7 +332,8 @@ def run_point(
         mode="quick",
         out_dir=out_dir,
         target=RunTarget(url=target.url, sut_pid=target.pid, model=target.model),
-        extra_args=target.extra_args,
+        # the golden outputs once per server process, not once per point
+        extra_args=(*target.extra_args, "--golden-cache", str(out_dir / "golden.json")),
         loadgen_cores=target.loadgen_cores,
     )
     run = run_one(plan, str(toml), index, 0, interrupt, show)
