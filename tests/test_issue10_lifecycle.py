@@ -377,3 +377,47 @@ def test_sut_process_returncode_is_public(tmp_path: Path) -> None:
     killed.start()
     killed.kill()
     assert killed.returncode == -9  # killed by SIGKILL
+
+
+def test_the_shape_stops_at_the_last_stage_end_not_at_the_next_whole_second(monkeypatch) -> None:
+    """Locust calls the shape's tick() once a second, counted from when preparation ended,
+    not on the scenario's clock: a run whose last stage ends between two ticks idled up to
+    a second past it (a peak point measures five). With under a second left and nothing to
+    change, the tick waits out the remainder and ends the run at the stage's end; with more
+    than a second left, or a change to hand Locust, it returns at once (the control)."""
+    import types
+
+    import harness.load.shape as shape_mod
+
+    clock = {"t": 0.0}
+    slept: list[float] = []
+
+    def fake_sleep(s: float) -> None:
+        slept.append(s)
+        clock["t"] += s
+
+    monkeypatch.setattr(shape_mod.gevent, "sleep", fake_sleep)
+    stage = types.SimpleNamespace(kind="open", users=None)
+
+    class State:
+        scenario = types.SimpleNamespace(duration_s=8.0)
+        slots = 1
+
+        def prepare(self) -> bool:
+            return True
+
+        def scenario_time(self) -> float:
+            return clock["t"]
+
+        def shape_tick(self):
+            return None if clock["t"] >= 8.0 else stage
+
+    shape = shape_mod.ScenarioShape.__new__(shape_mod.ScenarioShape)
+    shape.runner = types.SimpleNamespace(environment=types.SimpleNamespace(harness=State()))
+    clock["t"] = 7.4  # the first tick this close to the end: users to start, no wait
+    assert shape.tick() is not None and slept == []
+    clock["t"] = 6.4  # more than a tick left: returns at once
+    assert shape.tick() is not None and slept == []
+    clock["t"] = 7.4  # 0.6 s left, nothing changes: waits it out, then ends the run
+    assert shape.tick() is None
+    assert slept == [pytest.approx(0.6)] and clock["t"] == pytest.approx(8.0)
