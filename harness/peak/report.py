@@ -338,6 +338,12 @@ def peak_html(doc: Mapping[str, Any]) -> str:
 # --- harness tune -------------------------------------------------------------------------
 
 
+def _resolution(tune: Mapping[str, Any]) -> str:
+    """ "10% " — the margin a separation needs (``tune.standing``), as the tune stored it."""
+    tol = (tune.get("peak_config") or {}).get("tolerance")
+    return f"{float(tol):.0%} " if tol else ""
+
+
 def tune_sentence(tune: Mapping[str, Any]) -> str:
     rec = tune.get("recommended")
     if not rec:
@@ -363,7 +369,7 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
     elif tune.get("margin_over_default") is not None:
         text += (
             f", {tune['margin_over_default']:+.0%} over the default ({dflt}, which missed the "
-            "SLO at a rate a better-ranked configuration held)"
+            f"SLO from a rate {_resolution(tune)}below one a better-ranked configuration held)"
         )
     else:
         text += f"; the default ({dflt}) met the SLO at no rate measured"
@@ -375,9 +381,10 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
         )
     if tied:
         text += (
-            f". Tied at rank 1 with {', '.join(tied)}: the search did not separate them (each "
-            "missed the SLO only above a rate the other held); the recommendation is the "
-            "higher peak, or within the tolerance the lower CPU ms/request"
+            f". Tied at rank 1 with {', '.join(tied)}: the search did not separate them "
+            f"(neither held the SLO {_resolution(tune)}above a rate where the other missed "
+            "it); the recommendation is the higher peak, or within the tolerance the lower "
+            "CPU ms/request"
         )
     lost = [r["key"] for r in tune.get("ranked") or [] if r.get("peak_rps") is None]
     if lost:

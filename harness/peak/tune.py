@@ -276,26 +276,33 @@ def evidence(r: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return held, missed_from
 
 
-def standing(results: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def standing(results: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str, int]:
     """Each measured configuration's rank: 1 + how many others were *measured* better —
-    held the SLO in every outcome up to a rate at or above the one from which it missed
-    the SLO in every outcome (``evidence``). Configurations no other one was measured
-    better than share rank 1, and so on: the search resolves peaks to its tolerance, so two
-    whose evidence overlaps are not separated, and the table says so ("=3") instead of
-    ordering them on noise. Judged on every outcome, not on [L, U] alone: a search out of
+    held the SLO in every outcome up to a rate at least ``tolerance`` above the one from
+    which it missed the SLO in every outcome (``evidence``). Configurations no other one
+    was measured better than share rank 1, and so on: the search resolves peaks to its
+    tolerance (it stops bisecting a bracket that narrow, and the table ties peaks that
+    close), so two whose evidence overlaps, or is apart by less than that, are not
+    separated, and the table says so ("=3") instead of ordering them on noise. Not at
+    zero margin: a tune separated 32/20/2 from 8/5/1 at one rate (322 req/s, met in all
+    three of one's server lifetimes, missed in all four of the other's) and the next tune,
+    whose lifetimes of 32/20/2 held only 246, could not — an order finer than the search's
+    own resolution is one set of server lifetimes, not the configurations. Judged on every outcome, not on [L, U] alone: a search out of
     points can leave U on one miss that mets above it contradict (a tune ranked 32/5/2
     below 8/5/1 on one miss at 220.8 req/s by 0.4 ms — 32/5/2 had met at 245, 270 and 294
     — and the next tune could not separate them). A configuration that never missed (no
-    ``missed_from``) has no one measured better, unless it never met either (peak 0: its
-    points were mixed): every configuration that held the SLO somewhere is better than
-    that. One with every point invalid (peak None) has no rank."""
+    ``missed_from``) has no one measured better. One that met the SLO at no rate (peak 0:
+    it missed everywhere the search looked — the tune stops looking below its floor, so
+    its edge is not resolved — or its points were mixed) is out of the running: every
+    configuration that held the SLO somewhere is better than it. One with every point
+    invalid (peak None) has no rank."""
     measured = [r for r in results if r.get("peak_rps") is not None]
     ev = {r["key"]: evidence(r) for r in measured}
     out: dict[str, int] = {}
     for r in measured:
         missed_from = ev[r["key"]][1]
         better = 0
-        if missed_from is None and not float(r["peak_rps"]):
+        if not float(r["peak_rps"]):
             better = sum(1 for h in measured if ev[h["key"]][0] is not None)
         elif missed_from is not None:
             better = sum(
@@ -303,7 +310,7 @@ def standing(results: Sequence[Mapping[str, Any]]) -> dict[str, int]:
                 for h in measured
                 if h["key"] != r["key"]
                 and ev[h["key"]][0] is not None
-                and float(ev[h["key"]][0]) >= float(missed_from)
+                and float(ev[h["key"]][0]) >= float(missed_from) * (1 + tolerance)
             )
         out[r["key"]] = 1 + better
     return out
@@ -314,7 +321,7 @@ def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping
     search could not separate). Within a rank: the highest peak under the SLO; peaks within
     ``tolerance`` of the best peak of their group are a tie, broken by CPU per request
     (lower first), then by key. Configurations never validly measured come last, unranked."""
-    ranks = standing(results)
+    ranks = standing(results, tolerance)
     unmeasured = sorted((r for r in results if r["peak_rps"] is None), key=lambda r: r["key"])
     results = [r for r in results if r["peak_rps"] is not None]
     out: list[Mapping[str, Any]] = []
@@ -601,7 +608,7 @@ class Tuner:
                 ):
                     # a dominated direction: the values further along it are not measured
                     self._prune_beyond(nb, dim, d, r, origin)
-            ranks = standing(list(self.results.values()))
+            ranks = standing(list(self.results.values()), self.tc.peak.tolerance)
             frontier = [
                 r
                 for r in self.results.values()
@@ -660,7 +667,8 @@ class Tuner:
                 )
                 + "); "
                 "a configuration ranks below another only when that one met the SLO in every "
-                "outcome up to a rate from which it missed in every outcome (shared ranks: not "
+                f"outcome up to a rate at least {self.tc.peak.tolerance:.0%} above the one from "
+                "which it missed in every outcome (the search's resolution; shared ranks: not "
                 "separated by the search); within a "
                 f"rank, peaks within {self.tc.peak.tolerance:.0%} tie, broken by lower CPU "
                 "ms/request"
