@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -538,6 +539,14 @@ def test_issue14_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winne
     assert "not measurably better than the default (32/5/1)" in text, text
     assert "+5% against the default's" in text and "+5% over" not in text, text
     assert "over the lowest peak measured (8/5/1) — 32/1/1+no-batching met the SLO at no" in text
+    # one whose repeats met somewhere but missed at least once at every rate did meet the
+    # SLO: the sentence says which it was
+    mixed = _tune_row("32/5/2", 0.0, 214.9, 3.0) | {
+        "points": _outcomes((171.9, "met"), (171.9, "missed"), (214.9, "missed"))
+    }
+    text = tune_sentence(tune | {"ranked": [*ranked, mixed]})
+    assert "32/5/2 met the SLO in every repeat at no rate (each rate measured missed" in text
+    assert "32/5/2 met the SLO at no rate" not in text
     # separated from the default: the margin is a measured one
     ranked = rank([_tune_row("a", 500.0, 560.0, 2.0), _tune_row("d", 300.0, 420.0, 2.0)], 0.1)
     tune |= {"ranked": ranked, "default": "d", "tied_with_recommended": [], "recommended": "a"}
@@ -838,3 +847,36 @@ def test_issue14_a_configuration_never_validly_measured_is_not_ranked_pruned_or_
     # the same tune with every configuration measurable passes
     ok = Tuner(_tc(sp), tmp_path / "ok", show=lambda s: None, measure=_fake_measure([]))
     assert tune_exit(ok.run()) == 0
+
+
+def test_issue14_mixed_outcomes_at_the_lowest_rate_step_down_by_the_tolerance_not_halve() -> None:
+    """A tune's search of 32/5/2 (2026-12-03, each repeat on a fresh server): four server
+    lifetimes met and missed 171.9-214.9 req/s (lifetime 4 missed 182.7 and was twice
+    inconclusive at 171.9, which counts as one miss), so every rate had a miss. The search
+    took that for "everything missed", halved to below its floor and stopped with "missed
+    the SLO down to 128.9 req/s" — a rate it never measured — with a point left: the
+    configuration ranked with the planted no-batching regression as "met at no rate",
+    where the other tune of the pair ranked it =3. The edge is just below the mixed rate:
+    step down by the tolerance. Control: a search that only missed still halves."""
+    life = [
+        (343.84, "missed"), (171.92, "met"), (257.88, "missed"), (214.9, "missed"),
+        (193.41, "met"), (204.155, "insufficient"), (204.155, "met"), (204.16, "missed"),
+        (193.41, "missed"), (182.665, "met"), (182.66, "met"), (214.9, "missed"),
+        (182.66, "missed"), (171.92, "insufficient"), (171.92, "insufficient"),
+    ]  # fmt: skip
+    params = SearchParams(start_rps=343.84, repeats=3, tolerance=0.1, min_rps=128.94)
+    s = PeakSearch(params, [Point(r, o) for r, o in life])
+    step = s.next_step()
+    assert step.phase == "edge" and step.rate_rps == pytest.approx(171.92 / 1.1)
+    # below the floor it stops, and says what it measured (not "down to the floor")
+    s = PeakSearch(replace(params, min_rps=160.0), [Point(r, o) for r, o in life])
+    step = s.next_step()
+    assert step.stop == "none_met" and "mixed down to 171.92" in step.why
+    assert "missed the SLO down to" not in step.why
+    # the control: nothing met anywhere — halve toward the floor, as before
+    only = [Point(343.84, "missed"), Point(171.92, "missed")]
+    step = PeakSearch(replace(params, min_rps=50.0), only).next_step()
+    assert step.phase == "bracket" and step.rate_rps == pytest.approx(171.92 / 2)
+    # and that configuration, with the step's point met, holds a rate: not out of the running
+    s = PeakSearch(params, [Point(r, o) for r, o in life] + [Point(171.92 / 1.1, "met")])
+    assert s.estimate().low_rps == pytest.approx(171.92 / 1.1, abs=0.01)

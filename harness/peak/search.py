@@ -344,6 +344,24 @@ class PeakSearch:
                     "done", None, f"met up to the {p.max_rps:g} req/s ceiling", stop="max_rps"
                 )
             return Step("bracket", nxt, "met the SLO: raise the rate")
+        if lo is None and any("met" in v.judged(r) for r in v.by_rate):
+            # every rate measured missed at least once, but some also met: the repeats (on
+            # fresh servers, in a tune) disagree near the lowest rate, so the edge is just
+            # below it, not half as low — step down by the tolerance, as the edge phase
+            # does. (A tune's search halved here: from 171.9 req/s, mixed, to below its
+            # floor, and reported "missed the SLO down to 128.9" — a rate it never measured —
+            # with a point of its budget left.)
+            lowest = min(r for r in v.by_rate if v.judged(r))
+            nxt = lowest / (1.0 + p.tolerance)
+            if nxt < p.min_rps:
+                return Step(
+                    "done",
+                    None,
+                    f"no rate met the SLO in every repeat (mixed down to {lowest:g} req/s, "
+                    f"the floor is {p.min_rps:g})",
+                    stop="none_met",
+                )
+            return Step("edge", nxt, "every rate missed at least once, some also met: step down")
         if lo is None:  # everything measured missed: go down
             nxt = hi * p.down_factor
             if nxt < p.min_rps:
