@@ -351,17 +351,7 @@ class PeakSearch:
             # does. (A tune's search halved here: from 171.9 req/s, mixed, to below its
             # floor, and reported "missed the SLO down to 128.9" — a rate it never measured —
             # with a point of its budget left.)
-            lowest = min(r for r in v.by_rate if v.judged(r))
-            nxt = lowest / (1.0 + p.tolerance)
-            if nxt < p.min_rps:
-                return Step(
-                    "done",
-                    None,
-                    f"no rate met the SLO in every repeat (mixed down to {lowest:g} req/s, "
-                    f"the floor is {p.min_rps:g})",
-                    stop="none_met",
-                )
-            return Step("edge", nxt, "every rate missed at least once, some also met: step down")
+            return self._below_lowest(v, "every rate missed at least once, some also met")
         if lo is None:  # everything measured missed: go down
             nxt = hi * p.down_factor
             if nxt < p.min_rps:
@@ -391,10 +381,7 @@ class PeakSearch:
             n, _, rate, side = min(owed)
             return Step("edge", rate, f"repeat the {side} edge ({n + 1}/{p.repeats})")
         if L is None:  # every rate measured missed at least once: step below them all
-            nxt = min(r for r in v.by_rate if v.judged(r)) / (1.0 + p.tolerance)
-            if nxt < p.min_rps:
-                return Step("done", None, "no rate met the SLO in every repeat", stop="none_met")
-            return Step("edge", nxt, "the lower edge was mixed: step down")
+            return self._below_lowest(v, "the lower edge was mixed")
         if U is None:
             nxt = self._above(v, L) * (1.0 + p.tolerance)
             if nxt > p.max_rps:
@@ -502,6 +489,22 @@ class PeakSearch:
         Us = [r for r in above if v.all_missed(r, 1)]
         U = min(Us) if Us else None
         return L, U
+
+    def _below_lowest(self, v: Verdicts, why: str) -> Step:
+        """One tolerance below the lowest rate judged (its outcomes mixed), or stop when
+        that is below the floor: no rate met the SLO in every repeat."""
+        p = self.params
+        lowest = min(r for r in v.by_rate if v.judged(r))
+        nxt = lowest / (1.0 + p.tolerance)
+        if nxt < p.min_rps:
+            return Step(
+                "done",
+                None,
+                f"no rate met the SLO in every repeat (mixed down to {lowest:g} req/s, "
+                f"the floor is {p.min_rps:g})",
+                stop="none_met",
+            )
+        return Step("edge", nxt, f"{why}: step down")
 
     @staticmethod
     def _above(v: Verdicts, L: float) -> float:
