@@ -261,6 +261,18 @@ def _fake_measure(
     return measure
 
 
+def _fake_at(planted: str | None = None, calls: list | None = None):
+    """A head-to-head point on the same landscape: met at or below the peak."""
+
+    def measure_at(cfg, pc, rate, lifetime):
+        if calls is not None:
+            calls.append((key(cfg), rate, lifetime))
+        peak = 0.05 * _landscape(cfg) if key(cfg) == planted else _landscape(cfg)
+        return Point(rate, "met" if rate <= peak else "missed", p99_ms=50.0)
+
+    return measure_at
+
+
 def _tc(space: Space, mode: str = "quick", default: str = "max_batch=1,delay=1,workers=1"):
     return TuneConfig(
         template=TEMPLATE,
@@ -557,7 +569,13 @@ def test_issue14_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winne
 def test_issue14_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp_path) -> None:
     sp = _space()
     calls: list[str] = []
-    quick = Tuner(_tc(sp), tmp_path / "q", show=lambda s: None, measure=_fake_measure(calls))
+    quick = Tuner(
+        _tc(sp),
+        tmp_path / "q",
+        show=lambda s: None,
+        measure=_fake_measure(calls),
+        measure_at=_fake_at(),
+    )
     summary = quick.run()
     best = max(sp.all(), key=_landscape)
     assert summary["recommended"] == key(best)
@@ -569,7 +587,11 @@ def test_issue14_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp
     assert summary["pruned"] and all(p["reason"] for p in summary["pruned"])
     bcalls: list[str] = []
     brute = Tuner(
-        _tc(sp, "brute"), tmp_path / "b", show=lambda s: None, measure=_fake_measure(bcalls)
+        _tc(sp, "brute"),
+        tmp_path / "b",
+        show=lambda s: None,
+        measure=_fake_measure(bcalls),
+        measure_at=_fake_at(),
     )
     assert brute.run()["recommended"] == key(best)
     assert len(bcalls) == sp.size
@@ -587,6 +609,7 @@ def test_issue14_a_planted_regression_is_never_recommended(tmp_path) -> None:
             tmp_path / mode,
             show=lambda s: None,
             measure=_fake_measure(calls, planted=key(best)),
+            measure_at=_fake_at(key(best)),
         )
         summary = t.run()
         assert summary["recommended"] != key(best)
@@ -597,18 +620,28 @@ def test_issue14_a_killed_tune_resumes_from_its_state_file(tmp_path) -> None:
     calls: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         Tuner(
-            _tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(calls, stop_after=4)
+            _tc(sp),
+            tmp_path,
+            show=lambda s: None,
+            measure=_fake_measure(calls, stop_after=4),
+            measure_at=_fake_at(),
         ).run()
     assert (tmp_path / STATE).exists() and len(calls) == 4
     first = list(calls)
     more: list[str] = []
-    resumed = Tuner(_tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(more))
+    resumed = Tuner(
+        _tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(more), measure_at=_fake_at()
+    )
     assert resumed.state.resumed
     summary = resumed.run()
     assert not set(more) & set(first)  # the 4 done were not measured again
     full_calls: list[str] = []
     full = Tuner(
-        _tc(sp), tmp_path / "full", show=lambda s: None, measure=_fake_measure(full_calls)
+        _tc(sp),
+        tmp_path / "full",
+        show=lambda s: None,
+        measure=_fake_measure(full_calls),
+        measure_at=_fake_at(),
     ).run()
     assert summary["recommended"] == full["recommended"]
     assert sorted(first + more) == sorted(full_calls)
@@ -832,7 +865,13 @@ def test_issue14_a_configuration_never_validly_measured_is_not_ranked_pruned_or_
     best = max(sp.all(), key=_landscape)
     calls: list[str] = []
     lost = "max_batch=4,delay=1,workers=1"  # the default's neighbour on the way to the best
-    t = Tuner(_tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(calls, invalid=(lost,)))
+    t = Tuner(
+        _tc(sp),
+        tmp_path,
+        show=lambda s: None,
+        measure=_fake_measure(calls, invalid=(lost,)),
+        measure_at=_fake_at(),
+    )
     summary = t.run()
     assert lost in calls
     ranked = summary["ranked"]
@@ -845,7 +884,13 @@ def test_issue14_a_configuration_never_validly_measured_is_not_ranked_pruned_or_
     doc = {"tune": summary, "harness": {}}
     assert "not measured" in tune_markdown(doc)
     # the same tune with every configuration measurable passes
-    ok = Tuner(_tc(sp), tmp_path / "ok", show=lambda s: None, measure=_fake_measure([]))
+    ok = Tuner(
+        _tc(sp),
+        tmp_path / "ok",
+        show=lambda s: None,
+        measure=_fake_measure([]),
+        measure_at=_fake_at(),
+    )
     assert tune_exit(ok.run()) == 0
 
 
@@ -880,3 +925,97 @@ def test_issue14_mixed_outcomes_at_the_lowest_rate_step_down_by_the_tolerance_no
     # and that configuration, with the step's point met, holds a rate: not out of the running
     s = PeakSearch(params, [Point(r, o) for r, o in life] + [Point(171.92 / 1.1, "met")])
     assert s.estimate().low_rps == pytest.approx(171.92 / 1.1, abs=0.01)
+
+
+# --- head to head: a close separation settled by interleaved rounds ----------------------
+
+_H2H_SEARCHES = {
+    # tune19's tune 1: the default held 510.6 req/s in three server lifetimes ...
+    "mb=32,d=5": [(510.6, "met", 1), (645.0, "missed", 1), (510.6, "met", 2),
+                  (645.0, "missed", 2), (510.6, "met", 3), (645.0, "missed", 3)],
+    # ... and 32/20/1, measured in slow minutes, missed 449.3 in all three of its own
+    "mb=32,d=20": [(306.4, "met", 1), (449.3, "missed", 1), (306.4, "met", 2),
+                   (449.3, "missed", 2), (306.4, "met", 3), (449.3, "missed", 3)],
+    # far below both (2 x): a dominated direction, no head to head
+    "mb=8,d=5": [(204.2, "met", 1), (255.3, "missed", 1), (204.2, "met", 2),
+                 (255.3, "missed", 2), (204.2, "met", 3), (255.3, "missed", 3)],
+    "mb=8,d=20": [(214.2, "met", 1), (293.2, "missed", 1), (214.2, "met", 2),
+                  (293.2, "missed", 2), (214.2, "met", 3), (293.2, "missed", 3)],
+}  # fmt: skip
+
+
+def _h2h_tune(tmp_path, edge_now: dict[str, float]):
+    """A 2 x 2 tune whose searches are ``_H2H_SEARCHES`` and whose head-to-head points meet
+    the SLO at or below ``edge_now`` (the configurations' edges at the time of the
+    interleaved rounds)."""
+    template = "srv --port {port} --mb {mb} --d {d}"
+    sp = Space.parse(["mb=8,32", "d=5,20"], template)
+    searched: list[str] = []
+    at: list[tuple[str, float, int]] = []
+
+    def measure(cfg, pc, points, on_point):
+        searched.append(key(cfg))
+        pts = [Point(r, o, p99_ms=100.0, lifetime=life) for r, o, life in _H2H_SEARCHES[key(cfg)]]
+        for p in pts:
+            on_point(p)
+        return pts, "interval within tolerance"
+
+    def measure_at(cfg, pc, rate, lifetime):
+        at.append((key(cfg), rate, lifetime))
+        return Point(rate, "met" if rate <= edge_now[key(cfg)] else "missed", p99_ms=100.0)
+
+    tc = TuneConfig(
+        template=template,
+        space=sp,
+        default=sp.parse_config("mb=32,d=5", "--default"),
+        peak=PeakConfig(slo_p99_ms=150.0, tolerance=0.1, repeats=3),
+    )
+    t = Tuner(tc, tmp_path, show=lambda s: None, measure=measure, measure_at=measure_at)
+    return t.run(), searched, at
+
+
+def test_issue14_a_close_separation_made_by_slow_minutes_is_not_reproduced_head_to_head(
+    tmp_path,
+) -> None:
+    """tune19's tune 1 separated the default (held 510.6) from 32/20/1 (missed 449.3 in
+    all three of its lifetimes, run back to back in minutes when the server used 32 % more
+    CPU per request), so the default alone was rank 1 and the climb never went on from
+    32/20/1; the next tune tied them and measured two more configurations. 14 % apart is
+    inside the climb's 20 % band: the two are measured again alternately, each on a fresh
+    server. With the slow minutes over (32/20/1's edge back at 480) 32/20/1 meets 449.3 in
+    the first round: not separated, both rank 1, and the climb goes on from 32/20/1 too."""
+    summary, searched, at = _h2h_tune(tmp_path, {"mb=32,d=5": 560.0, "mb=32,d=20": 480.0})
+    ranks = {r["key"]: r["rank"] for r in summary["ranked"]}
+    assert ranks["mb=32,d=5"] == ranks["mb=32,d=20"] == 1, ranks
+    assert "mb=8,d=20" in searched  # 32/20/1's neighbour: the climb went on from it
+    # one round: the worse side first, at the rate it missed from, on a fresh server
+    assert at == [("mb=32,d=20", 449.3, 4)], at
+    (h2h,) = summary["head_to_head"]
+    assert h2h["better"] == "mb=32,d=5" and h2h["worse"] == "mb=32,d=20" and not h2h["stands"]
+    # the far separations (2 x) were not measured again
+    assert not any(k.startswith("mb=8") for k, _, _ in at)
+    from harness.peak.report import tune_markdown
+
+    md = tune_markdown({"tune": summary})
+    assert "## Head to head" in md and "not reproduced — not separated" in md
+
+
+def test_issue14_a_close_separation_that_is_real_stands_head_to_head(tmp_path) -> None:
+    """The control, same searches: 32/20/1 really is slower (its edge 420 when the rounds
+    run), so it misses 449.3 and the default meets 510.6 in every alternating round — A,
+    B, A, B, each on its own fresh server — and the separation stands: the default alone
+    is rank 1 and the climb does not go on from 32/20/1."""
+    summary, searched, at = _h2h_tune(tmp_path, {"mb=32,d=5": 560.0, "mb=32,d=20": 420.0})
+    ranks = {r["key"]: r["rank"] for r in summary["ranked"]}
+    assert ranks["mb=32,d=5"] == 1 and ranks["mb=32,d=20"] == 2, ranks
+    assert "mb=8,d=20" not in searched
+    assert at == [
+        ("mb=32,d=20", 449.3, 4), ("mb=32,d=5", 510.6, 4),
+        ("mb=32,d=20", 449.3, 5), ("mb=32,d=5", 510.6, 5),
+        ("mb=32,d=20", 449.3, 6), ("mb=32,d=5", 510.6, 6),
+    ], at  # fmt: skip
+    (h2h,) = summary["head_to_head"]
+    assert h2h["stands"] and h2h["rounds_reproduced"] == 3
+    # the rounds' points joined the evidence, each stamped with its own server lifetime
+    row = next(r for r in summary["ranked"] if r["key"] == "mb=32,d=20")
+    assert row["lifetimes"] == 6 and row["n_points"] == 9

@@ -87,3 +87,31 @@ def test_issue14_tiny_tune_end_to_end_never_recommends_the_planted_regression(tm
         json.loads((out / "results.json").read_text())["tune"]["recommended"]
         == (tune["recommended"])
     )
+
+
+def test_issue14_a_head_to_head_point_runs_on_a_server_of_its_own(tmp_path) -> None:
+    """``harness tune``'s head-to-head rounds measure one point at a given rate on a server
+    started for it and stopped after it: a real reference server, a real point; nothing
+    left running, its log named by its lifetime."""
+    import psutil
+
+    from harness.peak.runner import PeakConfig
+    from harness.peak.tune import Space, TuneConfig, Tuner
+
+    template = (
+        f"{sys.executable} -m reference_server --model sim --port {{port}} "
+        "--max-batch-size {max_batch}"
+    )
+    sp = Space.parse(["max_batch=4,16"], template)
+    pc = PeakConfig(
+        slo_p99_ms=100.0, confidence=0.5, warmup_s=1.0, min_point_s=1.5, tolerance=0.5, repeats=1
+    )
+    tc = TuneConfig(template=template, space=sp, default=sp.all()[0], peak=pc)
+    t = Tuner(tc, tmp_path, show=lambda s: None)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    p = t._measure_at(sp.all()[1], pc, 60.0, 4)
+    assert p.outcome == "met", p
+    assert p.rate_rps == pytest.approx(60.0) and p.n > 0
+    assert (tmp_path / "configs" / "max_batch-16" / "server-4.log").stat().st_size > 0
+    left = {c.pid for c in psutil.Process().children(recursive=True)} - before
+    assert not left, left

@@ -493,6 +493,26 @@ def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
     ]
 
 
+_H2H_INTRO = (
+    "Separations that alone kept a configuration out of rank 1, measured again "
+    "alternately (the worse one at the rate it missed from, the better one at the rate it "
+    "held, each point on a fresh server), so that a drift over minutes falls on both sides:"
+)
+
+
+def head_to_head_lines(tune: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{c['better']} (held {c['held_rps']:.1f} req/s) over {c['worse']} (missed from "
+        f"{c['missed_rps']:.1f}): "
+        + (
+            f"stands — reproduced in {c['rounds_reproduced']} alternating rounds"
+            if c["stands"]
+            else "not reproduced — not separated, they share a rank"
+        )
+        for c in tune.get("head_to_head") or []
+    ]
+
+
 def tune_markdown(doc: Mapping[str, Any]) -> str:
     tune = doc["tune"]
     lines = ["# harness tune", "", f"**{tune_sentence(tune)}**", ""]
@@ -502,6 +522,9 @@ def tune_markdown(doc: Mapping[str, Any]) -> str:
     if tune.get("pruned"):
         lines += ["", "## Not measured", ""]
         lines += [f"- {p['key']}: {p['reason']}" for p in tune["pruned"]]
+    if tune.get("head_to_head"):
+        lines += ["", "## Head to head", "", _H2H_INTRO, ""]
+        lines += [f"- {x}" for x in head_to_head_lines(tune)]
     chk = tune.get("checklist")
     if chk:
         lines += ["", "## Quick checklist on the recommended configuration", "", chk["line"]]
@@ -564,6 +587,13 @@ def tune_html(doc: Mapping[str, Any]) -> str:
         + "".join(f"<p>{html.escape(x)}</p>" for x in _tune_intro(tune))
         + f"{img}<h2>Ranking</h2>{_html_table(_TUNE_HEAD, _tune_rows(tune))}"
         + (f"<h2>Not measured</h2><ul>{pruned}</ul>" if pruned else "")
+        + (
+            f"<h2>Head to head</h2><p>{html.escape(_H2H_INTRO)}</p><ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in head_to_head_lines(tune))
+            + "</ul>"
+            if tune.get("head_to_head")
+            else ""
+        )
         + (
             "<h2>Quick checklist on the recommended configuration</h2>"
             f"<p>{html.escape(chk['line'])}</p>"

@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, ExitCode, TargetUnavailable
-from harness.peak.runner import NEW_LIFETIME, PeakConfig, Target, search, target_for
+from harness.peak.runner import (
+    NEW_LIFETIME,
+    PeakConfig,
+    Target,
+    _quiet,
+    run_point,
+    search,
+    target_for,
+)
 from harness.peak.search import Point, Verdicts
 
 STATE = "tune_state.json"
@@ -316,6 +324,40 @@ def standing(results: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str
     return out
 
 
+def contested(
+    results: Sequence[Mapping[str, Any]], tolerance: float, band: float
+) -> dict[str, list[tuple[str, float, float]]]:
+    """The separations that alone keep a configuration out of rank 1, each closer than
+    ``band``: for a configuration r some other one is measured better than (``standing``),
+    where every one of those held the SLO less than ``band`` above the rate from which r
+    missed it, the list of (better one, the rate it held, the rate r missed from). Those
+    decide the recommendation and where the climb goes on from, and they are the ones a
+    drift over minutes can make: a configuration's points run back to back, so a few slow
+    minutes land on one configuration's whole evidence (a tune separated the reference
+    server's default, which held 510.6 req/s, from 32/20/1, which missed 449.3 in three
+    server lifetimes — 14 % apart, with the server using 32 % more CPU per request than in
+    the next tune, where 32/20/1 met 451.1 in all six). A separation wider than ``band``
+    on every side is not contested: a configuration that far below is a dominated
+    direction to the climb as well (``TuneConfig.prune_margin``)."""
+    measured = [r for r in results if r.get("peak_rps") is not None]
+    ev = {r["key"]: evidence(r) for r in measured}
+    out: dict[str, list[tuple[str, float, float]]] = {}
+    for r in measured:
+        missed_from = ev[r["key"]][1]
+        if not float(r["peak_rps"]) or missed_from is None:
+            continue
+        better = [
+            (h["key"], float(ev[h["key"]][0]), float(missed_from))
+            for h in measured
+            if h["key"] != r["key"]
+            and ev[h["key"]][0] is not None
+            and float(ev[h["key"]][0]) >= float(missed_from) * (1 + tolerance)
+        ]
+        if better and all(held < missed_from * (1 + band) for _, held, _ in better):
+            out[r["key"]] = better
+    return out
+
+
 def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping[str, Any]]:
     """Best first, each row with its ``rank`` (``standing``; shared ranks are ties the
     search could not separate). Within a rank: the highest peak under the SLO; peaks within
@@ -446,6 +488,7 @@ class Tuner:
             [Config, PeakConfig, list[Point], Callable[[Point], None]], tuple[list[Point], str]
         ]
         | None = None,
+        measure_at: Callable[[Config, PeakConfig, float, int], Point] | None = None,
     ) -> None:
         self.tc = tc
         self.out_dir = out_dir
@@ -453,6 +496,9 @@ class Tuner:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.state = State(out_dir / STATE, tc.identity())
         self.measure = measure or self._measure
+        # one point at a rate on a fresh server (head-to-head): a simulated ``measure``
+        # needs a simulated one too, never a real server behind a simulated search
+        self.measure_at = measure_at or (self._measure_at if measure is None else None)
         self.results: dict[str, dict[str, Any]] = {}
         self.pruned: dict[str, str] = {}
 
@@ -528,6 +574,140 @@ class Tuner:
                 return points, why
             self.show(f"    a fresh server (lifetime {lifetime + 1}) for the next repeat")
 
+    def _measure_at(self, cfg: Config, pc: PeakConfig, rate: float, lifetime: int) -> Point:
+        """One point at ``rate`` on a server started for it (server lifetime ``lifetime``)."""
+        from harness.acceptance import _Interrupt
+
+        d = self.out_dir / "configs" / _dirname(cfg)
+        d.mkdir(parents=True, exist_ok=True)
+        index = len(self.state.points(key(cfg))) + 1
+        try:
+            with (
+                target_for(
+                    sut_cmd=self.cmd(cfg),
+                    url=None,
+                    sut_pid=None,
+                    sut_cores=self.tc.sut_cores,
+                    model=self.tc.model,
+                    log_path=d / f"server-{lifetime}.log",
+                    extra_args=self.tc.extra_args,
+                ) as (target, _alive, _desc),
+                _Interrupt() as interrupt,
+            ):
+                assert isinstance(target, Target)
+                p = run_point(pc, target, d / "points", index, rate, False, _quiet, interrupt)
+                if interrupt.requested:
+                    raise KeyboardInterrupt
+        except TargetUnavailable as e:
+            p = Point(rate, "invalid", reasons=(f"the server did not start: {e}",))
+        return p
+
+    def _add_point(self, cfg: Config, p: Point) -> None:
+        """A head-to-head point joins the configuration's evidence; its result is redone."""
+        k = key(cfg)
+        self.state.add_point(k, p)
+        old = self.results[k]
+        res = config_result(
+            cfg,
+            self.state.points(k),
+            old["stopped"],
+            self.cmd(cfg),
+            old.get("floor_rps"),
+            self.tc.peak.repeats,
+            self.tc.peak.tolerance,
+        )
+        self.state.finish(k, res)
+        self.results[k] = res
+
+    def _head_to_head(self) -> None:
+        """Settle each contested separation (``contested``) by measuring the two sides
+        alternately, each point on a fresh server: the worse one at the rate it missed
+        from, then the better one at the rate it held, ``repeats`` rounds — A, B, A, B, so
+        that a drift over minutes falls on both sides of the comparison, not on one side's
+        whole evidence. The points join each side's evidence: a separation the
+        interleaved rounds reproduce (the worse one missed, the better one met, every
+        round) stands; one they do not is no longer a separation (the worse one met where
+        it had missed, or the better one missed where it had held) and the two share a
+        rank. Each pair is settled once; the outcome is kept in the state file."""
+        pm = self.tc.prune_margin
+        band = pm / (1 - pm)  # r missed from at least (1 - prune_margin) x what h held
+        tol = self.tc.peak.tolerance
+        settled = self.state.data.setdefault("head_to_head", [])
+        done = {(c["better"], c["worse"]) for c in settled}
+        while True:
+            todo = {
+                r: [b for b in better if (b[0], r) not in done]
+                for r, better in contested(list(self.results.values()), tol, band).items()
+            }
+            todo = {r: b for r, b in todo.items() if b}
+            if not todo:
+                return
+            if self.measure_at is None:
+                raise RuntimeError("a simulated measure needs a simulated measure_at")
+            r = max(todo, key=lambda k: (float(self.results[k]["peak_rps"] or 0.0), k))
+            pairs = todo[r]
+            missed = pairs[0][2]
+            self.show(
+                f"    head to head: {r} missed from {missed:.1f} req/s, "
+                + ", ".join(f"{h} held {held:.1f}" for h, held, _ in pairs)
+                + f" — {self.tc.peak.repeats} alternating rounds, each on a fresh server"
+            )
+
+            def apart(h: str, r: str = r) -> bool:
+                held, _ = evidence(self.results[h])
+                missed_from = evidence(self.results[r])[1]
+                return (
+                    held is not None and missed_from is not None and held >= missed_from * (1 + tol)
+                )
+
+            rounds = 0
+            for _ in range(self.tc.peak.repeats):
+                live = [(h, held) for h, held, _ in pairs if apart(h)]
+                if not live:
+                    break
+                ok = self._point_at(r, missed) == "missed"
+                for h, held in live:
+                    if not apart(h):
+                        break
+                    ok = self._point_at(h, held) == "met" and ok
+                rounds += ok
+            for h, held, _ in pairs:
+                rec = {
+                    "better": h,
+                    "worse": r,
+                    "held_rps": held,
+                    "missed_rps": missed,
+                    "stands": apart(h),
+                    "rounds_reproduced": rounds,
+                }
+                settled.append(rec)
+                done.add((h, r))
+                self.show(
+                    f"    → {h} over {r}: "
+                    + (
+                        "stands (reproduced in alternating rounds)"
+                        if rec["stands"]
+                        else "not reproduced: not separated"
+                    )
+                )
+            self.state.save()
+
+    def _point_at(self, k: str, rate: float) -> str:
+        cfg = self.tc.space.parse_config(k, "--default")
+        pts = self.state.points(k)
+        lifetime = max((p.lifetime or 1 for p in pts), default=0) + 1
+        assert self.measure_at is not None
+        p = None
+        for _ in range(2):  # an invalid point (the box was the limit) is tried once more
+            p = replace(self.measure_at(cfg, self.tc.peak, rate, lifetime), lifetime=lifetime)
+            self._add_point(cfg, p)
+            self.show(f"      {k} at {rate:.1f} req/s (lifetime {lifetime}): {p.outcome}")
+            if p.outcome != "invalid":
+                break
+            lifetime += 1
+        assert p is not None
+        return p.outcome
+
     def evaluate(self, cfg: Config, hint_rps: float | None) -> dict[str, Any]:
         """One configuration's result: from the state file, or measured now."""
         k = key(cfg)
@@ -577,6 +757,7 @@ class Tuner:
             for cfg in self.tc.space.all():
                 r = self.evaluate(cfg, hint)
                 hint = _hint(r, hint)
+            self._head_to_head()
         else:
             self._quick()
         ranked = rank(list(self.results.values()), tol)
@@ -608,6 +789,7 @@ class Tuner:
                 ):
                     # a dominated direction: the values further along it are not measured
                     self._prune_beyond(nb, dim, d, r, origin)
+            self._head_to_head()
             ranks = standing(list(self.results.values()), self.tc.peak.tolerance)
             frontier = [
                 r
@@ -687,6 +869,7 @@ class Tuner:
             "worst": worst["key"] if worst else None,
             "pareto": pareto(ranked),
             "pruned": [{"key": k, "reason": why} for k, why in sorted(self.pruned.items())],
+            "head_to_head": list(self.state.data.get("head_to_head") or []),
             "measured": len(self.results),
             "resumed": self.state.resumed,
             "elapsed_s": round(elapsed, 1),
