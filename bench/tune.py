@@ -106,6 +106,10 @@ def main() -> int:
                     (r["peak_rps"] for r in tune["ranked"] if r["key"] == tune["default"]), None
                 ),
                 "margin_over_default": tune["margin_over_default"],
+                "head_to_head": [
+                    f"{c['better']} over {c['worse']}: {'stands' if c['stands'] else 'gone'}"
+                    for c in tune.get("head_to_head") or []
+                ],
                 "planted_rank": next(
                     (r["rank"] for r in tune["ranked"] if r["key"] == PLANTED), None
                 ),
@@ -121,6 +125,7 @@ def main() -> int:
             f"({'n/a' if margin is None else f'{margin:+.0%}'} over the default, "
             f"{_f(r['default_peak'])} req/s); planted {PLANTED} rank "
             f"{r['planted_rank'] or 'not measured'}; top 3: {best}"
+            + (f"; head to head: {'; '.join(r['head_to_head'])}" if r["head_to_head"] else "")
         )
     planted_ok = all(r["recommended"] != PLANTED for r in runs)
     in_time = all(r["wall_s"] <= 20 * 60 for r in runs)

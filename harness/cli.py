@@ -879,7 +879,10 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "server, find its peak under the SLO (as `harness peak`, with --repeats), record "
         "CPU per request and RSS; quick mode hill-climbs from --default and prunes dominated "
         "directions (Triton model_analyzer's quick search), --brute measures every "
-        "configuration. Ranks, writes results.json, summary.md, report.html (a throughput-p99 "
+        "configuration. A separation that alone keeps a configuration out of rank 1 and is "
+        "inside --prune-margin is measured again head to head (the two alternately, each "
+        "point on a fresh server), so a drift over minutes cannot make it. "
+        "Ranks, writes results.json, summary.md, report.html (a throughput-p99 "
         "Pareto plot), runs the quick checklist on the winner. Resumable: run it again with "
         "the same arguments and --out to continue.",
     )
@@ -918,7 +921,8 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "--prune-margin",
         type=_fraction,
         default=0.2,
-        help="quick mode: a neighbour this much below its origin prunes its direction (0.2)",
+        help="a neighbour this much below its origin prunes its direction in quick mode; "
+        "a separation closer than this is measured again head to head (0.2)",
     )
     p.add_argument("--sut-cores", default=None, help="cores for each server, e.g. 1")
     p.add_argument("--model", default=None, help="model name (default: the server's own)")
