@@ -1019,3 +1019,38 @@ def test_issue14_a_close_separation_that_is_real_stands_head_to_head(tmp_path) -
     # the rounds' points joined the evidence, each stamped with its own server lifetime
     row = next(r for r in summary["ranked"] if r["key"] == "mb=32,d=20")
     assert row["lifetimes"] == 6 and row["n_points"] == 9
+
+
+def test_issue14_a_configuration_that_met_somewhere_is_ranked_on_where_it_missed() -> None:
+    """tune20's tune 2: 32/5/2's p99 hovered at the SLO from 145 to 200 req/s — met there
+    in some server lifetimes, missed in others (lifetime 3 missed every rate it tried) — so
+    no rate met in every repeat and its peak is 0. It met the SLO, though: its edge is in
+    what was measured, not below the floor, and it is judged on where it missed in every
+    outcome (239.8 up), as the other tune of the pair and every earlier one judged it —
+    =3 with 8/5/1, not last with the planted no-batching regression, which met nowhere
+    (the control: still below every configuration that held the SLO somewhere)."""
+    w2 = _tune_row("32/5/2", 0.0, 239.8, None) | {
+        "points": _lifetimes(
+            (319.7, "missed", 1), (159.8, "met", 1), (239.8, "missed", 1), (199.8, "missed", 1),
+            (179.8, "met", 1), (189.8, "met", 1), (189.8, "missed", 2), (179.8, "met", 2),
+            (199.8, "met", 2), (239.8, "missed", 2), (179.8, "missed", 3), (169.8, "missed", 3),
+            (159.8, "insufficient", 3), (159.8, "insufficient", 3), (145.3, "missed", 3),
+        )
+    }  # fmt: skip
+    b8 = _tune_row("8/5/1", 199.8, 239.8, 4.7) | {
+        "points": _lifetimes(
+            (199.8, "met", 1), (239.8, "missed", 1), (199.8, "met", 2), (239.8, "missed", 2),
+            (199.8, "met", 3), (239.8, "missed", 3),
+        )
+    }  # fmt: skip
+    d = _tune_row("32/5/1", 399.6, None, 2.4) | {
+        "points": _lifetimes((281.5, "met", 1), (399.6, "met", 1), (281.5, "met", 2))
+    }
+    planted = _tune_row("32/1/1+no-batching", 0.0, 159.8, None) | {
+        "points": _lifetimes((159.8, "missed", 1), (119.9, "missed", 1))
+    }
+    assert evidence(w2) == (None, pytest.approx(239.8))
+    ranks = standing([d, w2, b8, planted], 0.1)
+    assert ranks == {"32/5/1": 1, "32/5/2": 2, "8/5/1": 2, "32/1/1+no-batching": 3}, ranks
+    ranked = rank([d, w2, b8, planted], 0.1)
+    assert [r["key"] for r in ranked][-1] == "32/1/1+no-batching"

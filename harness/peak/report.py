@@ -338,11 +338,6 @@ def peak_html(doc: Mapping[str, Any]) -> str:
 # --- harness tune -------------------------------------------------------------------------
 
 
-def _met_once(r: Mapping[str, Any]) -> bool:
-    """Whether any of a configuration's points met the SLO."""
-    return any(p.get("outcome") == "met" for p in r.get("points") or [])
-
-
 def _resolution(tune: Mapping[str, Any]) -> str:
     """ "10% " — the margin a separation needs (``tune.standing``), as the tune stored it."""
     tol = (tune.get("peak_config") or {}).get("tolerance")
@@ -379,11 +374,13 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
     else:
         text += f"; the default ({dflt}) met the SLO at no rate measured"
     if tune.get("margin_over_worst") is not None:
+        from harness.peak.tune import met_once
+
         zero = [r for r in tune.get("ranked") or [] if r.get("peak_rps") == 0.0]
         # met nowhere, or met somewhere but missed at least once at every rate it measured
         # (its repeats disagreed): not the same statement
-        none_met = [r["key"] for r in zero if not _met_once(r)]
-        mixed = [r["key"] for r in zero if _met_once(r)]
+        none_met = [r["key"] for r in zero if not met_once(r)]
+        mixed = [r["key"] for r in zero if met_once(r)]
         text += (
             f"; {tune['margin_over_worst']:+.0%} over the lowest peak measured ({tune['worst']})"
             + (f" — {', '.join(none_met)} met the SLO at no rate" if none_met else "")
