@@ -3,6 +3,7 @@ pruning and resume with a synthetic measurement, the guard process, and bad inpu
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -944,14 +945,21 @@ _H2H_SEARCHES = {
 }  # fmt: skip
 
 
-def _h2h_tune(tmp_path, edge_now: dict[str, float]):
+def _h2h_tuner(
+    tmp_path,
+    edge_now: dict[str, float],
+    searched: list[str],
+    at: list[tuple[str, float, int]],
+    kill_after: int | None = None,
+    kill_at: str | None = None,
+) -> Tuner:
     """A 2 x 2 tune whose searches are ``_H2H_SEARCHES`` and whose head-to-head points meet
     the SLO at or below ``edge_now`` (the configurations' edges at the time of the
-    interleaved rounds)."""
+    interleaved rounds); killed (KeyboardInterrupt, as a SIGINT/SIGTERM is delivered) when
+    its head to head comes to point ``kill_after + 1``, or when it says ``kill_at``."""
     template = "srv --port {port} --mb {mb} --d {d}"
     sp = Space.parse(["mb=8,32", "d=5,20"], template)
-    searched: list[str] = []
-    at: list[tuple[str, float, int]] = []
+    calls = 0
 
     def measure(cfg, pc, points, on_point):
         searched.append(key(cfg))
@@ -961,6 +969,10 @@ def _h2h_tune(tmp_path, edge_now: dict[str, float]):
         return pts, "interval within tolerance"
 
     def measure_at(cfg, pc, rate, lifetime):
+        nonlocal calls
+        if kill_after is not None and calls >= kill_after:
+            raise KeyboardInterrupt
+        calls += 1
         at.append((key(cfg), rate, lifetime))
         return Point(rate, "met" if rate <= edge_now[key(cfg)] else "missed", p99_ms=100.0)
 
@@ -970,8 +982,18 @@ def _h2h_tune(tmp_path, edge_now: dict[str, float]):
         default=sp.parse_config("mb=32,d=5", "--default"),
         peak=PeakConfig(slo_p99_ms=150.0, tolerance=0.1, repeats=3),
     )
-    t = Tuner(tc, tmp_path, show=lambda s: None, measure=measure, measure_at=measure_at)
-    return t.run(), searched, at
+
+    def show(line: str) -> None:
+        if kill_at is not None and kill_at in line:
+            raise KeyboardInterrupt
+
+    return Tuner(tc, tmp_path, show=show, measure=measure, measure_at=measure_at)
+
+
+def _h2h_tune(tmp_path, edge_now: dict[str, float]):
+    searched: list[str] = []
+    at: list[tuple[str, float, int]] = []
+    return _h2h_tuner(tmp_path, edge_now, searched, at).run(), searched, at
 
 
 def test_issue14_a_close_separation_made_by_slow_minutes_is_not_reproduced_head_to_head(
@@ -1019,6 +1041,63 @@ def test_issue14_a_close_separation_that_is_real_stands_head_to_head(tmp_path) -
     # the rounds' points joined the evidence, each stamped with its own server lifetime
     row = next(r for r in summary["ranked"] if r["key"] == "mb=32,d=20")
     assert row["lifetimes"] == 6 and row["n_points"] == 9
+
+
+_SLOW_NOW = {"mb=32,d=5": 560.0, "mb=32,d=20": 420.0}  # the separation is real
+_FAST_NOW = {"mb=32,d=5": 560.0, "mb=32,d=20": 480.0}  # it was made by slow minutes
+
+
+def _state_points(d) -> dict[str, list[tuple[float, str, int | None]]]:
+    configs = json.loads((d / STATE).read_text())["configs"]
+    return {
+        k: [(p["rate_rps"], p["outcome"], p["lifetime"]) for p in c["points"]]
+        for k, c in configs.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("edges", "kills"),
+    [
+        (_SLOW_NOW, (2, 2)),
+        (_SLOW_NOW, (5,)),
+        (_SLOW_NOW, (0,)),  # after the rounds were planned, before their first point
+        (_FAST_NOW, (" over mb=32,d=20:",)),  # after the one round, before its verdict was saved
+    ],
+)
+def test_issue14_a_tune_killed_mid_head_to_head_resumes_its_rounds(tmp_path, edges, kills) -> None:
+    """A tune killed in the middle of its alternating rounds picks them up where they
+    stopped: started again, it measures only the rounds' missing points, on the lifetimes
+    an unbroken tune would have used, and ends with the same evidence, the same verdict on
+    the separation and the same ranks. Before, the rounds started over from what the
+    contested pair looked like with the points already taken: a separation the first
+    round did not reproduce (the worse side met) was no longer contested, so it was
+    never recorded as settled; a real one was measured in up to twice the rounds.
+    Control: the same tune unbroken, whose points the resumed one must equal; and a
+    second kill during the resumed rounds loses nothing."""
+    whole_at: list[tuple[str, float, int]] = []
+    whole_searched: list[str] = []
+    whole = _h2h_tuner(tmp_path / "whole", edges, whole_searched, whole_at).run()
+    at: list[tuple[str, float, int]] = []
+    cut_searched: list[str] = []
+    for n in kills:
+        with pytest.raises(KeyboardInterrupt):
+            if isinstance(n, str):
+                _h2h_tuner(tmp_path / "cut", edges, cut_searched, at, kill_at=n).run()
+            else:
+                _h2h_tuner(tmp_path / "cut", edges, cut_searched, at, kill_after=n).run()
+    assert len(at) < len(whole_at) or isinstance(kills[-1], str)
+    assert at == whole_at[: len(at)]
+    searched: list[str] = []
+    resumed = _h2h_tuner(tmp_path / "cut", edges, searched, at).run()
+    assert at == whole_at, (at, whole_at)  # only the missing points, in the same order
+    # no search measured twice: the rest of the climb only
+    assert cut_searched + searched == whole_searched, (cut_searched, searched)
+    assert resumed["head_to_head"] == whole["head_to_head"]
+    assert [(r["key"], r["rank"]) for r in resumed["ranked"]] == [
+        (r["key"], r["rank"]) for r in whole["ranked"]
+    ]
+    assert _state_points(tmp_path / "cut") == _state_points(tmp_path / "whole")
+    assert "head_to_head_open" not in json.loads((tmp_path / "cut" / STATE).read_text())
 
 
 def test_issue14_a_configuration_that_met_somewhere_is_ranked_on_where_it_missed() -> None:

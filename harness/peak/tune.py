@@ -22,7 +22,8 @@ Search, after Triton model_analyzer's two modes:
 
 Resumable: ``DIR/tune_state.json`` is rewritten after every point, holding each
 configuration's points; a killed tune started again with the same arguments measures
-only what is missing (a configuration cut mid-search goes on from its points).
+only what is missing (a configuration cut mid-search goes on from its points; head-to-head
+rounds cut mid-way go on from the points they took, ``Tuner._resume_rounds``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from harness.peak.runner import (
 from harness.peak.search import Point, Verdicts
 
 STATE = "tune_state.json"
+_H2H_OPEN = "head_to_head_open"  # the rounds under way, in the state file
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Config = tuple[tuple[str, str], ...]  # ((dimension, value), ...) in --space order
@@ -512,6 +514,7 @@ class Tuner:
         self.measure_at = measure_at or (self._measure_at if measure is None else None)
         self.results: dict[str, dict[str, Any]] = {}
         self.pruned: dict[str, str] = {}
+        self._replay: list[tuple[str, Point]] = []  # a resumed head to head's points
 
     def cmd(self, cfg: Config) -> str:
         return command(self.tc.template, cfg, [(dict(s), a) for s, a in self.tc.append])
@@ -617,20 +620,28 @@ class Tuner:
         """A head-to-head point joins the configuration's evidence; its result is redone."""
         k = key(cfg)
         self.state.add_point(k, p)
+        self.state.finish(k, self._evidence_now(k))
+
+    def _evidence_now(self, k: str) -> dict[str, Any]:
+        """``k``'s result on its points in the state file, less those of a resumed head to
+        head not yet given back (``_resume_rounds``)."""
+        pts = self.state.points(k)
+        pts = pts[: len(pts) - sum(1 for k2, _ in self._replay if k2 == k)]
         old = self.results[k]
+        cfg = self.tc.space.parse_config(k, "--default")
         res = config_result(
             cfg,
-            self.state.points(k),
+            pts,
             old["stopped"],
             self.cmd(cfg),
             old.get("floor_rps"),
             self.tc.peak.repeats,
             self.tc.peak.tolerance,
         )
-        self.state.finish(k, res)
         self.results[k] = res
+        return res
 
-    def _head_to_head(self) -> None:
+    def _head_to_head(self, final: bool = False) -> None:
         """Settle each contested separation (``contested``) by measuring the two sides
         alternately, each point on a fresh server: the worse one at the rate it missed
         from, then the better one at the rate it held, ``repeats`` rounds — A, B, A, B, so
@@ -646,23 +657,53 @@ class Tuner:
         settled = self.state.data.setdefault("head_to_head", [])
         done = {(c["better"], c["worse"]) for c in settled}
         while True:
-            todo = {
-                r: [b for b in better if (b[0], r) not in done]
-                for r, better in contested(list(self.results.values()), tol, band).items()
-            }
-            todo = {r: b for r, b in todo.items() if b}
-            if not todo:
-                return
-            if self.measure_at is None:
-                raise RuntimeError("a simulated measure needs a simulated measure_at")
-            r = max(todo, key=lambda k: (float(self.results[k]["peak_rps"] or 0.0), k))
-            pairs = todo[r]
-            missed = pairs[0][2]
-            self.show(
-                f"    head to head: {r} missed from {missed:.1f} req/s, "
-                + ", ".join(f"{h} held {held:.1f}" for h, held, _ in pairs)
-                + f" — {self.tc.peak.repeats} alternating rounds, each on a fresh server"
-            )
+            rec = self.state.data.get(_H2H_OPEN)
+            if rec is not None:  # a tune killed mid-rounds: the same rounds, from where they were
+                if any(k not in self.results for k in rec["base"]):
+                    if not final:
+                        return  # the resumed climb has not come back to where they ran
+                    for k in rec["base"]:
+                        self.evaluate(self.tc.space.parse_config(k, "--default"), None)
+                r, missed = rec["worse"], float(rec["missed_rps"])
+                pairs = [(h, float(held), missed) for h, held in rec["pairs"]]
+                self._resume_rounds(rec)
+                self.show(
+                    f"    head to head resumed: {r} against {', '.join(h for h, _, _ in pairs)}"
+                    f" ({len(self._replay)} points from {STATE})"
+                )
+            else:
+                todo = {
+                    r: [b for b in better if (b[0], r) not in done]
+                    for r, better in contested(list(self.results.values()), tol, band).items()
+                }
+                todo = {r: b for r, b in todo.items() if b}
+                if not todo:
+                    return
+                if self.measure_at is None:
+                    raise RuntimeError("a simulated measure needs a simulated measure_at")
+                r = max(todo, key=lambda k: (float(self.results[k]["peak_rps"] or 0.0), k))
+                pairs = todo[r]
+                missed = pairs[0][2]
+                self.show(
+                    f"    head to head: {r} missed from {missed:.1f} req/s, "
+                    + ", ".join(f"{h} held {held:.1f}" for h, held, _ in pairs)
+                    + f" — {self.tc.peak.repeats} alternating rounds, each on a fresh server"
+                )
+                # kept before the first point: a kill mid-rounds resumes these rounds
+                self.state.note(
+                    **{
+                        _H2H_OPEN: {
+                            "worse": r,
+                            "missed_rps": missed,
+                            "pairs": [[h, held] for h, held, _ in pairs],
+                            # each side's points before the rounds, and the rounds' order
+                            "base": {
+                                k: len(self.state.points(k)) for k in [r, *(h for h, _, _ in pairs)]
+                            },
+                            "taken": [],
+                        }
+                    }
+                )
 
             def apart(h: str, r: str = r) -> bool:
                 held, _ = evidence(self.results[h])
@@ -682,6 +723,7 @@ class Tuner:
                         break
                     ok = self._point_at(h, held) == "met" and ok
                 rounds += ok
+            self._give_back()
             for h, held, _ in pairs:
                 rec = {
                     "better": h,
@@ -701,23 +743,62 @@ class Tuner:
                         else "not reproduced: not separated"
                     )
                 )
+            self.state.data.pop(_H2H_OPEN, None)
             self.state.save()
+
+    def _resume_rounds(self, rec: Mapping[str, Any]) -> None:
+        """The rounds' points, already in the state file, are held back from each side's
+        evidence and given back one by one in the order they were measured (``_point_at``):
+        the rounds' decisions — which side is still apart, whether a round reproduced the
+        separation — are then made on the evidence each side had at that point of the
+        rounds, as in a tune never killed, and only the rounds' missing points are
+        measured. Nothing is taken out of the state file: a second kill loses nothing."""
+        taken = {k: self.state.points(k)[n:] for k, n in rec["base"].items()}
+        self._replay = []
+        for k in rec["taken"]:  # in the order measured (a point and its entry: one save)
+            if taken.get(k):
+                self._replay.append((k, taken[k].pop(0)))
+        for k in rec["base"]:
+            self._evidence_now(k)
 
     def _point_at(self, k: str, rate: float) -> str:
         cfg = self.tc.space.parse_config(k, "--default")
-        pts = self.state.points(k)
-        lifetime = max((p.lifetime or 1 for p in pts), default=0) + 1
-        assert self.measure_at is not None
         p = None
         for _ in range(2):  # an invalid point (the box was the limit) is tried once more
-            p = replace(self.measure_at(cfg, self.tc.peak, rate, lifetime), lifetime=lifetime)
-            self._add_point(cfg, p)
-            self.show(f"      {k} at {rate:.1f} req/s (lifetime {lifetime}): {p.outcome}")
+            if (
+                self._replay
+                and self._replay[0][0] == k
+                and math.isclose(self._replay[0][1].rate_rps, rate)
+            ):
+                p = self._replay.pop(0)[1]  # measured before the kill: given back
+                self._evidence_now(k)
+                self.show(
+                    f"      {k} at {rate:.1f} req/s (lifetime {p.lifetime}): {p.outcome}"
+                    f" (from {STATE})"
+                )
+            else:
+                self._give_back()
+                pts = self.state.points(k)
+                lifetime = max((p.lifetime or 1 for p in pts), default=0) + 1
+                assert self.measure_at is not None
+                p = replace(self.measure_at(cfg, self.tc.peak, rate, lifetime), lifetime=lifetime)
+                self.state.data[_H2H_OPEN]["taken"].append(k)
+                self._add_point(cfg, p)  # one save: the point and its place in the rounds
+                self.show(f"      {k} at {rate:.1f} req/s (lifetime {lifetime}): {p.outcome}")
             if p.outcome != "invalid":
                 break
-            lifetime += 1
         assert p is not None
         return p.outcome
+
+    def _give_back(self) -> None:
+        """Every point a resumed head to head still holds back joins its side's evidence
+        (the rounds ended; or they took another turn than before the kill, which the same
+        decisions on the same evidence cannot — kept all the same: nothing measured is
+        dropped)."""
+        held_back = {k for k, _ in self._replay}
+        self._replay = []
+        for k in held_back:
+            self.state.finish(k, self._evidence_now(k))
 
     def evaluate(self, cfg: Config, hint_rps: float | None) -> dict[str, Any]:
         """One configuration's result: from the state file, or measured now."""
@@ -811,6 +892,8 @@ class Tuner:
             origin = max(
                 frontier, key=lambda r: (float(r["peak_rps"] or 0.0), r["key"]), default=None
             )
+        if _H2H_OPEN in self.state.data:  # rounds a resumed climb did not come back to
+            self._head_to_head(final=True)
         left = [key(c) for c in self.tc.space.all() if key(c) not in self.results]
         for k in left:
             self.pruned.setdefault(
