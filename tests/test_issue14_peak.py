@@ -657,6 +657,42 @@ def test_issue14_a_killed_tune_resumes_from_its_state_file(tmp_path) -> None:
         Tuner(other, tmp_path)
 
 
+def test_issue14_an_interrupted_tune_reports_what_it_measured_and_recommends_nothing(
+    tmp_path,
+) -> None:
+    """A tune cut after 4 configurations: its summary ranks those 4 (from the state file
+    too, as a resumed tune's would), says it was interrupted and recommends nothing — a
+    climb that did not finish has not found the best configuration. Control: the same tune
+    finished recommends one."""
+    from harness.peak.report import tune_html, tune_markdown
+
+    sp = _space()
+    calls: list[str] = []
+    t = Tuner(_tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure(calls, stop_after=4))
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    # a second process, killed before measuring anything, still reports the four
+    t2 = Tuner(_tc(sp), tmp_path, show=lambda s: None, measure=_fake_measure([], stop_after=0))
+    with pytest.raises(KeyboardInterrupt):
+        t2.run()
+    for tuner in (t, t2):
+        so_far = tuner.so_far()
+        assert so_far["interrupted"] and so_far["recommended"] is None
+        assert sorted(r["key"] for r in so_far["ranked"]) == sorted(calls)
+        md = tune_markdown({"tune": so_far})
+        assert "Interrupted after 4 of 24 configurations: no recommendation" in md
+        assert "Recommended:" not in md
+        assert "Interrupted after 4" in tune_html({"tune": so_far})
+    full = Tuner(
+        _tc(sp),
+        tmp_path / "full",
+        show=lambda s: None,
+        measure=_fake_measure([]),
+        measure_at=_fake_at(),
+    ).run()
+    assert full["recommended"] and not full.get("interrupted")
+
+
 def test_issue14_a_config_cut_mid_search_goes_on_from_its_points(tmp_path) -> None:
     sp = _space()
     tc = _tc(sp)

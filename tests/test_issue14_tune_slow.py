@@ -11,19 +11,22 @@ invocation with the same arguments must resume from the state file without measu
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harness.errors import ExitCode
+
 pytestmark = pytest.mark.slow
 
 PLANTED = "max_batch=16,workers=2"
 
 
-def _tune(out: Path) -> subprocess.CompletedProcess:
-    argv = [
+def _argv(out: Path) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "harness",
@@ -55,13 +58,58 @@ def _tune(out: Path) -> subprocess.CompletedProcess:
         "--out",
         str(out),
     ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+def _tune(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(_argv(out), capture_output=True, text=True, timeout=600)
+
+
+def _tune_terminated_after_one_configuration(out: Path) -> tuple[int, str, list]:
+    """The tune, sent SIGTERM (by its pid) once its first configuration is measured — the
+    next one's server starting or its first point running; its exit code, stderr, and the
+    processes it had started by then."""
+    import psutil
+
+    proc = subprocess.Popen(
+        _argv(out), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    lines: list[str] = []
+    started: list = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("    → "):  # the first configuration's result
+                started = psutil.Process(proc.pid).children(recursive=True)
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(lines) + err, started
 
 
 def test_issue14_tiny_tune_end_to_end_never_recommends_the_planted_regression(tmp_path) -> None:
+    """Also the tune's kill path: SIGTERM after its first configuration ends it as Ctrl-C
+    does (exit 130, the servers it started stopped, a report of what it measured that
+    recommends nothing), and the same command then finishes it from the state file."""
+    import psutil
+
     out = tmp_path / "tune"
+    code, err, started = _tune_terminated_after_one_configuration(out)
+    assert code == ExitCode.INTERRUPTED, err[-3000:]  # not killed by the signal (-15)
+    assert "tune: interrupted" in err and "harness: interrupted" in err
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert not alive, alive
+    cut = json.loads((out / "results.json").read_text())["tune"]
+    assert cut["interrupted"] and cut["recommended"] is None and cut["measured"] >= 1
+    assert "Interrupted after" in (out / "summary.md").read_text()
+    first = cut["ranked"][0]["key"]
     proc = _tune(out)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{first}: from tune_state.json" in proc.stderr  # not measured again
     doc = json.loads((out / "results.json").read_text())
     tune = doc["tune"]
     ranked = {r["key"]: r for r in tune["ranked"]}

@@ -345,6 +345,12 @@ def _resolution(tune: Mapping[str, Any]) -> str:
 
 
 def tune_sentence(tune: Mapping[str, Any]) -> str:
+    if tune.get("interrupted"):
+        return (
+            f"Interrupted after {tune.get('measured', 0)} of {tune.get('space_size', '?')} "
+            "configurations: no recommendation (the search did not finish); the same command "
+            "resumes from tune_state.json."
+        )
     rec = tune.get("recommended")
     if not rec:
         if any(r.get("peak_rps") is None for r in tune.get("ranked") or []):

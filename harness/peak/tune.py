@@ -35,6 +35,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import string
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -842,7 +843,7 @@ class Tuner:
         return res
 
     def run(self) -> dict[str, Any]:
-        started = time.monotonic()
+        self.started = started = time.monotonic()
         tol = self.tc.peak.tolerance
         if self.tc.mode == "brute":
             hint = None
@@ -854,6 +855,20 @@ class Tuner:
             self._quick()
         ranked = rank(list(self.results.values()), tol)
         return self._summary(ranked, time.monotonic() - started)
+
+    def so_far(self) -> dict[str, Any]:
+        """The summary of an interrupted tune: what was measured, ranked, marked interrupted
+        (no recommendation: the search did not finish; the state file resumes it)."""
+        for k in self.state.data["order"]:
+            done = self.state.done(k)
+            if done is not None:
+                self.results.setdefault(k, done)
+        summary = self._summary(
+            rank(list(self.results.values()), self.tc.peak.tolerance),
+            time.monotonic() - getattr(self, "started", time.monotonic()),
+        )
+        summary.update(recommended=None, recommended_cmd=None, interrupted=True)
+        return summary
 
     def _quick(self) -> None:
         """Climb on what was measured: measure the default's neighbours, then the
@@ -1038,6 +1053,10 @@ def write_outputs(out_dir: Path, doc: dict[str, Any]) -> None:
     (out_dir / "report.html").write_text(report.tune_html(doc))
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_tune(
     tc: TuneConfig,
     out_dir: Path,
@@ -1057,7 +1076,27 @@ def run_tune(
     if tuner.state.resumed:
         done = sum(1 for e in tuner.state.data["configs"].values() if e.get("done"))
         show(f"tune: resuming from {out_dir / STATE} ({done} configurations done)")
-    summary = tuner.run()
+    # SIGTERM (a CI job cancelled, `kill`) ends a tune as Ctrl-C does, also between points
+    # (a server starting or stopping: the points trap it themselves): the server is stopped
+    # on the way out and what was measured is written, not left to the guard and the state
+    # file alone
+    previous = signal.getsignal(signal.SIGTERM)
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        summary = tuner.run()
+    except KeyboardInterrupt:
+        doc = new_document(machine=machine_metadata(), sut={"cmd": tc.template}, loadgen={})
+        doc["tune"] = tuner.so_far()
+        write_outputs(out_dir, doc)
+        show(
+            f"tune: interrupted — what was measured is in {out_dir / 'summary.md'}; "
+            f"the same command resumes from {out_dir / STATE}"
+        )
+        raise
+    finally:
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(signal.SIGTERM, previous)
     if checklist and summary.get("recommended_cmd"):
         show(f"tune: quick checklist on {summary['recommended']} …")
         summary["checklist"] = run_checklist(
