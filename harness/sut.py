@@ -16,13 +16,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -131,6 +133,35 @@ def write_pid_file(path: Path, pid: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(f"{pid}\n")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the body, then deliver them to the handlers they had.
+
+    Python runs a signal's handler between two bytecodes of the main thread, so a handler
+    that raises (Ctrl-C's KeyboardInterrupt, `harness tune`'s SIGTERM) can land between
+    two steps that must not be parted, such as starting a server and starting the guard
+    that stops it. Off the main thread nothing is held: handlers run on the main thread
+    only. Ignored signals stay ignored; a signal whose action is the default (end the
+    process) is held too and then ends it, with the guard in place."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is signal.SIG_IGN or handler is None:
+            continue
+        previous[sig] = signal.signal(sig, lambda signum, _frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(got):
+            signal.raise_signal(sig)
 
 
 class AttachedSut:
@@ -321,8 +352,26 @@ class SutProcess:
         return self._popen.poll() if self._popen is not None else None
 
     def start(self) -> SutProcess:
+        """Start the server and its guard, as one step: a SIGINT/SIGTERM that arrives while
+        they start is held until both run (``_signals_held``), and an exception out of here
+        leaves no server running. Before, a Ctrl-C or SIGTERM that landed between the
+        server's spawn and its guard's (a tune's next configuration starting) left a server
+        with nothing to stop it."""
         if self.alive():
             return self
+        try:
+            with _signals_held():
+                self._spawn()
+        except BaseException:
+            if self._popen is not None:
+                self.stop()
+            elif self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+            raise
+        return self
+
+    def _spawn(self) -> None:
         if self._log_path is None:
             fd, name = tempfile.mkstemp(prefix="harness-sut-", suffix=".log")
             os.close(fd)
@@ -358,7 +407,6 @@ class SutProcess:
         if self.pid_file is not None:
             write_pid_file(self.pid_file, self._popen.pid)
         self._start_guard(self._popen.pid)
-        return self
 
     def _start_guard(self, server_pid: int) -> None:
         """A process that stops this server's group when this process dies: no handler,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -232,3 +233,50 @@ def test_a_started_server_is_stopped_when_its_starter_is_sigkilled():
     assert g is not None and g.poll() is None
     s.stop()
     assert g.poll() is not None and s._guard is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_a_server_starts_leaves_no_server_without_its_guard(monkeypatch, sig):
+    """A handler that raises (Ctrl-C's KeyboardInterrupt, `harness tune`'s SIGTERM) used to
+    land between the server's spawn and its guard's when the signal came as a server
+    started (a tune's next configuration): the exception left start() with the server
+    running and nothing to stop it, not even after the harness exited (found by CI: a
+    reference server alive 53 minutes after its tune). Now the signal is held until both
+    run, then raised; start() stops the server on the way out. The signal is sent here at
+    the worst moment: after the server's spawn, before its guard's."""
+    spawned: list[int] = []
+    start_guard = SutProcess._start_guard
+
+    def signalled_then_guard(self, server_pid: int) -> None:
+        spawned.append(server_pid)
+        os.kill(os.getpid(), sig)  # its handler runs at the next bytecode: inside here
+        start_guard(self, server_pid)
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SutProcess, "_start_guard", signalled_then_guard)
+    previous = signal.signal(sig, raise_interrupt)
+    s = SutProcess([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.start()
+        assert signal.getsignal(sig) is raise_interrupt  # the handler is given back
+        assert spawned and _gone(spawned[0]), "the server outlived the interrupted start"
+        assert s._guard is None and not s.alive()
+    finally:
+        signal.signal(sig, previous)
+        for pid in spawned:
+            if not _gone(pid):
+                psutil.Process(pid).kill()
+    # control: a handler that only records the signal (harness acceptance's) gets it once
+    # the server and its guard run, and the server is left running
+    got: list[int] = []
+    previous = signal.signal(sig, lambda signum, frame: got.append(signum))
+    s = SutProcess([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        s.start()
+        assert got == [sig] and s.alive() and s._guard is not None and s._guard.poll() is None
+    finally:
+        signal.signal(sig, previous)
+        s.stop()
