@@ -353,10 +353,8 @@ class SutProcess:
 
     def start(self) -> SutProcess:
         """Start the server and its guard, as one step: a SIGINT/SIGTERM that arrives while
-        they start is held until both run (``_signals_held``), and an exception out of here
-        leaves no server running. Before, a Ctrl-C or SIGTERM that landed between the
-        server's spawn and its guard's (a tune's next configuration starting) left a server
-        with nothing to stop it."""
+        they start is held until both run (``_signals_held``), so no server is left without
+        the guard that stops it, and an exception out of here leaves no server running."""
         if self.alive():
             return self
         try:
