@@ -28,6 +28,7 @@ import psutil
 import locustfiles
 from harness.errors import ConfigError, ExitCode, HarnessError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV, finish
+from harness.load.preflight import Exclusion
 from harness.results import load_document, machine_metadata, merge_documents, new_document
 from harness.results.records import ZERO_COUNTERS
 
@@ -164,8 +165,10 @@ class Plan:
     duration_s: float | None = None
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    # scenarios left out before load started, with the reason (name, reason)
-    excluded: tuple[tuple[str, str], ...] = ()
+    # scenarios left out before load started (harness.load.preflight.Exclusion)
+    excluded: tuple[Exclusion, ...] = ()
+    # check ids and scenario names the user accepts unjudged or not run (--allow-skip)
+    allow_skip: tuple[str, ...] = ()
     # more attempts for a scenario invalid only because the machine was disturbed
     retry_invalid: int = 1
     # the load generator's cores (the Locust process, its workers, the sampler), apart
@@ -238,6 +241,8 @@ def scenario_argv(plan: Plan, name: str, out_dir: Path) -> list[str]:
         argv += ["--duration", str(plan.duration_s)]
     if plan.checklist is not None:
         argv += ["--checklist", str(plan.checklist)]
+    if plan.allow_skip:
+        argv += ["--allow-skip", ",".join(plan.allow_skip)]
     argv += list(plan.extra_args)
     return argv
 
@@ -343,6 +348,15 @@ def run_one(
     return run
 
 
+def _recorded_error(document: Mapping[str, Any] | None) -> str | None:
+    """The error message a scenario's results recorded (``error.message``), if any."""
+    for sc in (document or {}).get("scenarios") or []:
+        message = (sc.get("error") or {}).get("message")
+        if message:
+            return str(message)
+    return None
+
+
 def _last_error_line(log_path: Path) -> str | None:
     """The plugin prints its one-line error last; find it in Locust's log."""
     try:
@@ -411,9 +425,9 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
     """Run every scenario of ``plan`` in order, then merge, judge and render."""
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[ScenarioRun] = []
-    excluded: list[tuple[str, str]] = list(plan.excluded)
-    for name, why in plan.excluded:
-        show(f"  {name}: NOT RUN — {why}")
+    excluded: list[Exclusion] = list(plan.excluded)
+    for e in plan.excluded:
+        show(f"  {e.name}: NOT RUN — {e.reason}")
     with _Interrupt() as interrupt:
         current = plan
         pinned = any(a.startswith("--capacity-rps") for a in plan.extra_args)
@@ -436,14 +450,23 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
                 if run.document is not None:
                     for sc in run.document.get("scenarios") or []:
                         sc["attempts"] = earlier
-            if run.document is None and run.returncode == ExitCode.USAGE:
-                message = run.error or f"locust exited {int(ExitCode.USAGE)} for scenario {name}"
+            if run.returncode == ExitCode.USAGE and not run.interrupted:
+                # A usage error (found while preparing: a model without inputs, a missing
+                # placeholder): the scenario was not measured, whatever the child wrote —
+                # a configuration error is the user's to fix, not a disturbed run.
+                message = (
+                    _recorded_error(run.document)
+                    or run.error
+                    or _last_error_line(run.out_dir / "locust.log")
+                    or f"locust exited {int(ExitCode.USAGE)} for scenario {name}"
+                )
                 if not any(r.document is not None for r in runs):
-                    # A usage error before anything was measured: fail in seconds.
+                    # before anything was measured: fail in seconds, one line
                     raise ConfigError(message)
-                # Found late (after other scenarios measured something): keep what was
-                # measured, name this scenario as not run with the error, go on.
-                excluded.append((Path(name).stem, f"configuration error: {message}"))
+                # found late (other scenarios measured something): keep what was measured;
+                # this scenario counts as planned and not run (the verdict is at best
+                # "not judged"), named with the error
+                excluded.append(Exclusion(Path(name).stem, f"configuration error: {message}"))
                 show(f"  {Path(name).stem}: NOT RUN — configuration error: {message}")
                 continue
             runs.append(run)
@@ -471,7 +494,11 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
         if run.document is None and Path(run.name).stem not in by_name:
             doc["scenarios"].append(_failed_scenario(run, plan.mode))
     if excluded:
-        doc["excluded"] = [{"name": n, "reason": why} for n, why in excluded]
+        doc["excluded"] = [
+            {"name": e.name, "reason": e.reason, "optional": e.optional} for e in excluded
+        ]
+    if plan.allow_skip:
+        doc["allow_skip"] = list(plan.allow_skip)
     attempted = len(runs) + len(excluded) - len(plan.excluded)
     interrupted = any(r.interrupted for r in runs) or attempted < len(plan.scenarios)
     if interrupted:
@@ -567,8 +594,8 @@ def resolve_scenarios(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def preflight(plan: Plan) -> list[tuple[str, str]]:
-    """(name, reason) of each planned scenario this target cannot support, found before
+def preflight(plan: Plan) -> list[Exclusion]:
+    """Each planned scenario this target cannot support, with the reason, found before
     any load starts (harness.load.preflight)."""
     from harness.checks import load_checklist
     from harness.load.preflight import TargetFacts, agent_facts, check_transport, exclusions
@@ -585,13 +612,17 @@ def preflight(plan: Plan) -> list[tuple[str, str]]:
             cores = a.split("=", 1)[1]
     t = plan.target
     remote = agent_facts(t.agent_url, t.agent_token, t.sut_pid)
+    checklist = load_checklist(plan.checklist) if plan.checklist is not None else None
     facts = TargetFacts(
         sut_cmd=plan.target.sut_cmd,
         attached=plan.target.url is not None,
         sut_cores=cores,
+        samples_server="--no-sample" not in args
+        and bool(t.sut_cmd or t.sut_pid is not None or t.agent_url),
+        allow_skip=frozenset(plan.allow_skip)
+        | frozenset((checklist or {}).get("allow_skip") or ()),
         **remote,
     )
-    checklist = load_checklist(plan.checklist) if plan.checklist is not None else None
     loaded = [(Path(n).stem, load_scenario(n, mode=plan.mode)) for n in plan.scenarios]
     return exclusions(loaded, facts, checklist)
 

@@ -197,6 +197,15 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default=None, help="output directory (default: harness-results/NAME)")
     p.add_argument("--checklist", default=None, help="TOML overriding check thresholds")
+    p.add_argument(
+        "--allow-skip",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="accept this check unjudged, or this scenario not run (comma-separated, "
+        "repeatable): a scenario passes only when every check that defines it was judged, "
+        "and every planned scenario counts; the verdict line names what you accepted",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--quick",
@@ -300,10 +309,15 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         **_deployment(args),
         **_agent(args),
     )
+    from harness.checks.registry import validate_allow_skip
+
     if args.checklist is not None:
         from harness.checks import load_checklist
 
         load_checklist(args.checklist)  # a bad checklist fails before any load runs
+    allow_skip = validate_allow_skip(
+        [n.strip() for a in args.allow_skip for n in a.split(",") if n.strip()], "--allow-skip"
+    )
     extra = list(args.locust_arg)
     loadgen_cores = None
     if target.sut_cmd is not None and target.agent_url is None:
@@ -328,6 +342,7 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         extra_args=tuple(extra),
         retry_invalid=args.retry_invalid,
         loadgen_cores=loadgen_cores,
+        allow_skip=tuple(allow_skip),
     )
     plan = _without_unsupported(plan, single=getattr(args, "scenario", None) is not None)
     if getattr(args, "capacity", "probe") == "peak":
@@ -423,14 +438,14 @@ def _without_unsupported(plan: Any, single: bool) -> Any:
     if not excluded:
         return plan
     if single:
-        name, why = excluded[0]
-        raise ConfigError(f"scenario {name!r} cannot run against this target: {why}")
-    names = {n for n, _ in excluded}
+        e = excluded[0]
+        raise ConfigError(f"scenario {e.name!r} cannot run against this target: {e.reason}")
+    names = {e.name for e in excluded}
     kept = tuple(s for s in plan.scenarios if Path(s).stem not in names)
     if not kept:
         raise ConfigError(
             "no scenario of the plan can run against this target: "
-            + "; ".join(f"{n}: {why}" for n, why in excluded)
+            + "; ".join(f"{e.name}: {e.reason}" for e in excluded)
         )
     return replace(plan, scenarios=kept, excluded=tuple(excluded))
 

@@ -15,15 +15,30 @@ from harness.results import combine_verdicts, load_document, write_document
 
 
 def judge(doc: dict[str, Any], checklist: str | Path | None = None) -> dict[str, Any]:
-    """(Re)evaluate every scenario's checks, with the checklist's overrides, in place."""
+    """(Re)evaluate every scenario's checks, with the checklist's overrides, in place.
+
+    Every planned scenario counts: one that did not run (``excluded``: left out before
+    load, or stopped by a configuration error) makes the run's verdict at best
+    "not_judged", unless it is ``optional`` (this machine cannot host its question) or the
+    user accepted it (``allow_skip``: the checklist's, or ``--allow-skip`` recorded in the
+    document)."""
     from harness.checks import judge_scenario, load_checklist
 
-    overrides = load_checklist(checklist) if checklist is not None else None
+    overrides = dict(load_checklist(checklist)) if checklist is not None else {}
+    allowed = [*(overrides.get("allow_skip") or ()), *(doc.get("allow_skip") or ())]
+    if allowed:
+        overrides["allow_skip"] = list(dict.fromkeys(allowed))
     for sc in doc["scenarios"]:
         if sc.get("no_results"):  # a scenario whose run wrote nothing: its failure stands
             continue
         judge_scenario(sc, overrides)
-    doc["verdict"] = combine_verdicts(sc.get("verdict") for sc in doc["scenarios"])
+    verdicts = [sc.get("verdict") for sc in doc["scenarios"]]
+    for e in doc.get("excluded") or []:
+        if e.get("name") in allowed:
+            e["optional"] = True
+        if not e.get("optional"):
+            verdicts.append("not_judged")
+    doc["verdict"] = combine_verdicts(verdicts)
     return doc
 
 

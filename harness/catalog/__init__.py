@@ -37,6 +37,9 @@ class CheckDecl:
     passes_when: str  # README: what passes, with the default limit
     scenarios: tuple[str, ...] = ()  # the packaged scenarios that evaluate it
     always: bool = False  # evaluated in every scenario, listed or not
+    # judged from the server process's samples (a pid on this host, or --agent): a
+    # scenario defined by it cannot be judged where nothing samples the server
+    reads_server_samples: bool = False
 
     @property
     def group(self) -> str:
@@ -94,6 +97,11 @@ class Catalog:
     @property
     def always(self) -> tuple[str, ...]:
         return tuple(c.id for c in self if c.always)
+
+    @property
+    def server_sampled(self) -> frozenset[str]:
+        """The checks judged from the server process's samples."""
+        return frozenset(c.id for c in self if c.reads_server_samples)
 
     def __getitem__(self, check_id: str) -> CheckDecl:
         return self._by_id[check_id]
@@ -273,6 +281,7 @@ CATALOG = Catalog(
         ),
         CheckDecl(
             "soak.rss_trend",
+            reads_server_samples=True,
             unit="MiB/min",
             op="<=",
             defaults=_defaults(threshold=1.0, series="rss_bytes", **TREND_DEFAULTS),
@@ -283,6 +292,7 @@ CATALOG = Catalog(
         ),
         CheckDecl(
             "soak.threads_trend",
+            reads_server_samples=True,
             unit="threads/min",
             op="<=",
             defaults=_defaults(threshold=0.5, **TREND_DEFAULTS),
@@ -292,6 +302,7 @@ CATALOG = Catalog(
         ),
         CheckDecl(
             "soak.fds_trend",
+            reads_server_samples=True,
             unit="fds/min",
             op="<=",
             defaults=_defaults(threshold=0.5, **TREND_DEFAULTS),
@@ -392,6 +403,7 @@ CATALOG = Catalog(
         ),
         CheckDecl(
             "network.leaks",
+            reads_server_samples=True,
             unit="count",
             op="<=",
             defaults=_defaults(threshold=4.0, discard_s=2.0, settle_s=5.0, min_samples=3),
@@ -425,6 +437,7 @@ CATALOG = Catalog(
         ),
         CheckDecl(
             "freeze.resource_step",
+            reads_server_samples=True,
             unit="count",
             op="<=",
             defaults=_defaults(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from harness.analysis import validity as v
@@ -12,7 +12,7 @@ from harness.catalog import CATALOG
 from harness.checks import _data as d
 from harness.checks import registry
 from harness.checks.model import Check, ValidityParams
-from harness.checks.registry import resolve_params, run_check
+from harness.checks.registry import ALLOW_SKIP, resolve_params, run_check
 from harness.checks.soak import needed_server_series
 from harness.errors import ConfigError, ResultFormatError
 
@@ -69,22 +69,58 @@ def own_checks(checks: Sequence[Check]) -> list[Check]:
 Verdict = Literal["pass", "fail", "invalid", "not_judged"]
 
 
-def verdict(checks: Sequence[Check], validity: Sequence[str] | None = None) -> Verdict:
+def verdict(
+    checks: Sequence[Check],
+    validity: Sequence[str] | None = None,
+    defined_by: Sequence[str] | None = None,
+    accepted: Collection[str] = (),
+) -> Verdict:
     """invalid if the measurement cannot be trusted; fail if any check failed;
-    not_judged if none of the scenario's own checks was judged; else pass.
+    not_judged if a check that defines the scenario was not judged (and its skip was not
+    accepted), or if none of the scenario's own checks was judged; else pass.
 
-    A pass must be earned: skipped checks (passed None) neither pass nor fail, and a
-    scenario whose every own check skipped is "not_judged" (exit 4), never "pass" —
+    A pass must be earned: skipped checks (passed None) neither pass nor fail. The checks in
+    ``defined_by`` answer the scenario's question (a soak's leak trends, integrity's
+    mismatches), so one of them skipped leaves the question open whatever the others say —
+    a latency check alone does not make a soak pass. ``accepted``: check ids whose skip the
+    user accepted (``--allow-skip``, the checklist's ``allow_skip`` or ``enabled = false``).
     ``accounting.balanced`` passing says the harness counted right, not that the server
-    did anything right.
+    did anything right, so a scenario judged on it alone is "not_judged" (exit 4).
     """
     if validity:
         return "invalid"
     if any(c.passed is False for c in checks):
         return "fail"
+    if unjudged_defining(checks, defined_by, accepted):
+        return "not_judged"
     if not any(c.passed is True for c in own_checks(checks)):
         return "not_judged"
     return "pass"
+
+
+def unjudged_defining(
+    checks: Sequence[Check], defined_by: Sequence[str] | None, accepted: Collection[str] = ()
+) -> list[Check]:
+    """The defining checks that were skipped without the user accepting it."""
+    ids = set(defined_by or ())
+    return [c for c in checks if c.id in ids and c.passed is None and c.id not in accepted]
+
+
+def accepted_skips(
+    scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> frozenset[str]:
+    """Check ids of this scenario whose skip the user accepted: named in ``allow_skip`` (the
+    checklist's, or ``--allow-skip`` recorded in the document), or disabled with
+    ``enabled = false``."""
+    overrides = overrides or {}
+    allowed = set(overrides.get(ALLOW_SKIP) or ())
+    config = scenario_result.get("check_config") or {}
+    for cid in config:
+        if cid in registry.REGISTRY and not resolve_params(
+            cid, config.get(cid), overrides.get(cid)
+        ).get("enabled", True):
+            allowed.add(cid)
+    return frozenset(allowed)
 
 
 def _slo_ms(result: Mapping[str, Any], overrides: Mapping[str, Any], default: float) -> float:
@@ -291,9 +327,17 @@ def judge_scenario(
     if died is not None:
         checks.append(died)
     reasons += harness_failed
-    scenario_result["checks"] = [c.to_dict() for c in checks]
+    accepted = accepted_skips(scenario_result, overrides)
+    scenario_result["checks"] = [
+        {**c.to_dict(), "accepted": True} if c.passed is None and c.id in accepted else c.to_dict()
+        for c in checks
+    ]
     scenario_result["validity"] = reasons
     # A server that died is a failure of the server, whatever else went
     # wrong with the measurement after it was gone.
-    scenario_result["verdict"] = "fail" if died is not None else verdict(checks, reasons)
+    scenario_result["verdict"] = (
+        "fail"
+        if died is not None
+        else verdict(checks, reasons, scenario_result.get("defined_by"), accepted)
+    )
     return scenario_result

@@ -14,6 +14,7 @@ is valid. Running the checks of a scenario is ``harness.checks.engine``'s job.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -24,6 +25,10 @@ from harness.checks.model import Check, CheckFn, CheckSpec, Result, ValidityPara
 from harness.errors import ConfigError
 
 Impl = Callable[[Mapping[str, Any], Result], Check]
+
+# The checklist's list of check ids and scenario names whose skip or absence the user
+# accepts (also ``--allow-skip``, recorded in the results document under the same key).
+ALLOW_SKIP = "allow_skip"
 
 # Every check understands these, besides its own defaults.
 COMMON_PARAMS: Mapping[str, Any] = {"enabled": True}
@@ -153,8 +158,9 @@ def resolve_params(check_id: str, *layers: Mapping[str, Any] | None) -> dict[str
     return params
 
 
-def load_checklist(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read a checklist TOML: ``{check_id: {param: value}}``, validated.
+def load_checklist(path: str | Path) -> dict[str, Any]:
+    """Read a checklist TOML: ``{check_id: {param: value}}``, validated, plus ``validity``
+    (the run-validity limits) and ``allow_skip`` (accepted skips) when present.
 
     Either top-level tables named by check id (``["steady.p99_ms"]``) or the same under a
     ``[checks]`` table (``[checks."steady.p99_ms"]``).
@@ -168,21 +174,46 @@ def load_checklist(path: str | Path) -> dict[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"checklist '{p}' is not valid TOML: {e}.") from None
     table = doc.get("checks", doc) if isinstance(doc.get("checks"), Mapping) else doc
-    extra = set(doc) - {"checks"} if table is not doc else set()
+    extra = set(doc) - {"checks", "validity", ALLOW_SKIP} if table is not doc else set()
     if extra:
         raise ConfigError(
             f"checklist '{p}': unexpected top-level keys {sorted(extra)} next to [checks]. "
             "Put every check table under [checks]."
         )
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
+    if table is not doc:
+        table = {**table, **{k: doc[k] for k in ("validity", ALLOW_SKIP) if k in doc}}
     for cid, params in table.items():
-        if cid == "validity":
+        if cid == ALLOW_SKIP:
+            out[cid] = validate_allow_skip(params, f"checklist '{p}'")
+        elif cid == "validity":
             # the run-validity limits live next to the checks (see docs/checks.md)
             ValidityParams.from_mapping(params)
             out[cid] = dict(params)
         else:
             out[cid] = validate_overrides(cid, params, f"checklist '{p}'")
     return out
+
+
+def validate_allow_skip(names: Any, where: str) -> list[str]:
+    """``allow_skip``: check ids (a skip accepted) and scenario names (a scenario not run
+    accepted). A name with a dot must be a known check id, so a typo is not a silent no-op."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(
+            f"{where}: allow_skip has value {names!r}. Expected a list of check ids or "
+            'scenario names, e.g. allow_skip = ["soak.latency_drift", "linearity"].'
+        )
+    for n in names:
+        if "." in n and n not in REGISTRY:
+            hint = difflib.get_close_matches(n, list(REGISTRY), n=1)
+            maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(
+                f"{where}: allow_skip names unknown check id '{n}'{maybe}. Valid ids: "
+                f"{', '.join(sorted(REGISTRY))}."
+            )
+    return list(dict.fromkeys(names))
 
 
 def run_check(check_id: str, scenario: Mapping[str, Any], params: Mapping[str, Any]) -> Check:

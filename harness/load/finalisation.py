@@ -107,5 +107,7 @@ def build_document(
         },
     )
     doc["partial"] = partial
+    if state.opts.allow_skip:
+        doc["allow_skip"] = list(state.opts.allow_skip)  # judged with the document
     doc["scenarios"].append(sc)
     return doc

@@ -44,6 +44,8 @@ class Options:
     agent_url: str | None = None
     agent_token: str | None = None  # a secret: never sent to workers, never in results
     golden_cache: str | None = None  # --golden-cache FILE: golden outputs kept per server
+    # check ids / scenario names accepted unjudged or not run (--allow-skip)
+    allow_skip: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         """A plain dict for the master's plan message (harness.load.wire)."""
@@ -51,13 +53,21 @@ class Options:
             **asdict(self),
             "inputs": list(self.inputs),
             "headers": list(self.headers),
+            "allow_skip": list(self.allow_skip),
             "agent_token": None,  # the workers never talk to the agent
         }
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Options:
         """The master's options as a worker gets them (fields checked by the caller)."""
-        return cls(**{**data, "inputs": tuple(data["inputs"]), "headers": tuple(data["headers"])})
+        return cls(
+            **{
+                **data,
+                "inputs": tuple(data["inputs"]),
+                "headers": tuple(data["headers"]),
+                "allow_skip": tuple(data.get("allow_skip") or ()),
+            }
+        )
 
 
 HARNESS_DESTS: set[str] = set()  # the plugin's option names (the web form's harness fields)
@@ -206,6 +216,14 @@ def add_options(parser: Any) -> None:
         default=None,
         env_var="HARNESS_CHECKLIST",
         help="TOML file overriding check thresholds (see docs/checks.md)",
+    )
+    g.add_argument(
+        "--allow-skip",
+        dest="allow_skip",
+        default=None,
+        env_var="HARNESS_ALLOW_SKIP",
+        help="comma-separated check ids to accept unjudged: a scenario passes only when "
+        "every check that defines it was judged (docs/checks.md)",
     )
     g.add_argument(
         "--header",
@@ -392,6 +410,9 @@ def options_from(parsed: Any, form: bool = False) -> Options:
         sample=not parsed.no_sample,
         verify=not parsed.no_verify,
         golden_cache=parsed.golden_cache or None,
+        allow_skip=tuple(
+            n.strip() for n in (getattr(parsed, "allow_skip", None) or "").split(",") if n.strip()
+        ),
         duration_s=duration,
         checklist=parsed.checklist,
         **deployment,

@@ -16,8 +16,9 @@ import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
+from harness.catalog import CATALOG
 from harness.errors import ConfigError
 from harness.load.scenario_model import Scenario
 
@@ -37,6 +38,11 @@ class TargetFacts:
     # the agent started it (harness agent --sut-cmd) and so may restart it
     remote_cores: tuple[int, ...] | None = None
     agent_restarts: bool = False
+    # a sampler will record the server's process (a pid here or through --agent, and no
+    # --no-sample); None = unknown, judged as sampled
+    samples_server: bool | None = None
+    # check ids the user accepts unjudged (--allow-skip, the checklist's allow_skip)
+    allow_skip: frozenset[str] = frozenset()
 
 
 def agent_facts(url: str | None, token: str | None, pid: int | None) -> dict:
@@ -134,6 +140,21 @@ def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
             f"its {signalled[0]} event signals the server's process, and no process was "
             "given: pass --sut-pid (or --sut-cmd)"
         )
+    if facts.samples_server is False:
+        unsampled = [
+            cid
+            for cid in scenario.defining_checks()
+            if cid in CATALOG.server_sampled and cid not in facts.allow_skip
+        ]
+        if unsampled:
+            return (
+                f"{'its defining checks' if len(unsampled) > 1 else 'its defining check'} "
+                f"{', '.join(unsampled)} read the server process's samples, and nothing will "
+                "sample it: pass --sut-pid PID with --target (or let the harness start it with "
+                "--sut-cmd, or sample it through --agent; and no --no-sample), or accept "
+                f"{'them' if len(unsampled) > 1 else 'it'} unjudged with --allow-skip "
+                f"{','.join(unsampled)}"
+            )
     lin = scenario.linearity
     if lin is not None and lin.vary == "threads":
         if not facts.sut_cmd:
@@ -146,6 +167,15 @@ def unsupported_reason(scenario: Scenario, facts: TargetFacts) -> str | None:
                 "it restarts the server with 1, 2, … threads, and --sut-cmd has no "
                 f"{{threads}} placeholder: use {_SUT_CMD_EXAMPLE}"
             )
+    return machine_limit(scenario, facts)
+
+
+def machine_limit(scenario: Scenario, facts: TargetFacts) -> str | None:
+    """Why this machine cannot host the scenario's question at all (linearity with one
+    server core: nothing to scale over), whatever the target; None when it can. A
+    scenario left out for this reason is optional here: its absence does not stop a pass,
+    and the verdict line says why it was not judged."""
+    lin = scenario.linearity
     if lin is not None:
         cores = server_cores(facts)
         if cores is not None and len(cores) < 2 and facts.linearity_max_n < 2:
@@ -174,6 +204,21 @@ def checklist_max_n(path: str | None) -> Mapping[str, Any] | None:
     return {"linearity.efficiency": entry} if isinstance(entry, Mapping) else None
 
 
+def checklist_allow_skip(path: str | None) -> frozenset[str]:
+    """The checklist's ``allow_skip`` names, read raw like ``checklist_max_n`` (validated
+    where the checklist is judged, and by the CLI before any load)."""
+    if not path:
+        return frozenset()
+    try:
+        with open(path, "rb") as f:
+            names = tomllib.load(f).get("allow_skip")
+    except (OSError, tomllib.TOMLDecodeError):
+        return frozenset()
+    if isinstance(names, str):
+        names = [names]
+    return frozenset(n for n in names or () if isinstance(n, str))
+
+
 def linearity_max_n(scenario: Scenario, checklist: Mapping[str, Any] | None) -> int:
     """max_n of linearity.efficiency: the checklist's, else the scenario's, else 0."""
     for layer in (
@@ -185,15 +230,25 @@ def linearity_max_n(scenario: Scenario, checklist: Mapping[str, Any] | None) -> 
     return 0
 
 
+class Exclusion(NamedTuple):
+    """A planned scenario left out before load: its name, why, and whether it is optional
+    here (``machine_limit``: its absence does not stop the run's pass)."""
+
+    name: str
+    reason: str
+    optional: bool = False
+
+
 def exclusions(
     scenarios: Sequence[tuple[str, Scenario]],
     facts: TargetFacts,
     checklist: Mapping[str, Any] | None = None,
-) -> list[tuple[str, str]]:
-    """(name, reason) of each scenario this target cannot support."""
+) -> list[Exclusion]:
+    """Each scenario this target cannot support, with the reason."""
     out = []
     for name, sc in scenarios:
-        why = unsupported_reason(sc, replace(facts, linearity_max_n=linearity_max_n(sc, checklist)))
+        f = replace(facts, linearity_max_n=linearity_max_n(sc, checklist))
+        why = unsupported_reason(sc, f)
         if why is not None:
-            out.append((name, why))
+            out.append(Exclusion(name, why, optional=why == machine_limit(sc, f)))
     return out

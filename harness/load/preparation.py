@@ -120,6 +120,7 @@ class Preparation:
         from harness.load.preflight import (
             TargetFacts,
             agent_facts,
+            checklist_allow_skip,
             checklist_max_n,
             linearity_max_n,
             unsupported_reason,
@@ -133,6 +134,8 @@ class Preparation:
             attached=not o.sut_cmd,
             sut_cores=o.sut_cores,
             linearity_max_n=linearity_max_n(self.scenario, checklist),
+            samples_server=o.sample and bool(o.sut_cmd or o.sut_pid is not None or o.agent_url),
+            allow_skip=frozenset(o.allow_skip) | checklist_allow_skip(o.checklist),
             **remote,
         )
         why = unsupported_reason(self.scenario, facts)

@@ -142,6 +142,7 @@ def scenario_result(
         capacity_rps=capacity_rps,
         calibration=dict(calibration) if calibration else None,
         check_config=scenario.check_config(),
+        defined_by=list(scenario.defining_checks()),
         time_to_ready_s=time_to_ready_s,
         # true when the load met a server started just before it, untouched since
         fresh_sut=fresh_sut,

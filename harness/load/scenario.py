@@ -161,6 +161,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
     raw_stages = top.take("stages")
     raw_chaos = top.take("chaos", [])
     checks = _parse_checks(top.take("checks"), src)
+    defined_by = _parse_defined_by(top.take("defined_by"), checks, src)
     top.done()
 
     chaos = parse_chaos(raw_chaos, src)
@@ -221,6 +222,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
         stages=stages,
         chaos=chaos,
         checks=checks,
+        defined_by=defined_by,
         linearity=linearity,
         contention=contention,
     )
@@ -329,6 +331,27 @@ def _parse_stages(raw: Any, load_mode: str, src: str) -> tuple[Stage, ...]:
         out.append(Stage(name, float(dur), rate, users, t0, threads, warm))
         t0 += float(dur)
     return tuple(out)
+
+
+def _parse_defined_by(
+    raw: Any, checks: Mapping[str, Mapping[str, Any]], src: str
+) -> tuple[str, ...] | None:
+    """``defined_by = ["soak.rss_trend", …]``: the listed checks that answer the scenario's
+    question, so a pass needs each of them judged. Absent: every listed check."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise ConfigError(
+            f"{src}: defined_by = {show(raw)} is not a list of check ids; write e.g. "
+            'defined_by = ["steady.p99_ms", "steady.error_rate"]'
+        )
+    for cid in raw:
+        if cid not in checks:
+            raise ConfigError(
+                f'{src}: defined_by names "{cid}", which is not in the scenario\'s [checks] '
+                f"table ({', '.join(checks) or 'empty'}); list it under [checks] or remove it"
+            )
+    return tuple(dict.fromkeys(raw))
 
 
 def _parse_checks(raw: Any, src: str) -> Mapping[str, Mapping[str, Any]]:

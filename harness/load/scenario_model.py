@@ -200,6 +200,9 @@ class Scenario:
     )  # check id → threshold/parameter overrides ({} = the check's defaults)
     linearity: LinearitySpec | None = None
     contention: ContentionSpec | None = None
+    # the checks that answer the scenario's question: each must be judged for a pass
+    # (harness.checks.engine.verdict); None = every check in ``checks``
+    defined_by: tuple[str, ...] | None = None
     # --duration for a timeline that does not exist yet (linearity points = "auto"):
     # applied by with_cores once the stages are known
     duration_target_s: float | None = None
@@ -276,6 +279,11 @@ class Scenario:
             for s in self.stages
             if s.rate is not None
         )
+
+    def defining_checks(self) -> tuple[str, ...]:
+        """The check ids a pass of this scenario needs judged (``defined_by``, else every
+        check the scenario lists)."""
+        return self.defined_by if self.defined_by is not None else tuple(self.checks)
 
     def check_config(self) -> dict[str, dict[str, Any]]:
         """The ``check_config`` of a scenario result: check id → overrides (plain dicts)."""

@@ -17,6 +17,7 @@ from harness.load.toml_table import Table, is_number, show
 TOP_KEYS = (
     "name",
     "description",
+    "defined_by",
     "load",
     "classes",
     "stages",

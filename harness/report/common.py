@@ -99,11 +99,19 @@ VERDICT_WORDS: Mapping[str | None, str] = {
 
 
 def excluded_scenarios(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Scenarios left out of the plan before load started: (name, reason)."""
+    """Planned scenarios that did not run: (name, reason). The reason of one whose absence
+    does not stop a pass says so: "optional here" (this machine cannot host its question)
+    or "accepted" (``--allow-skip``)."""
     out = []
+    allowed = set(doc.get("allow_skip") or ())
     for e in doc.get("excluded") or []:
         if isinstance(e, Mapping):
-            out.append((str(e.get("name")), str(e.get("reason") or "no reason recorded")))
+            why = str(e.get("reason") or "no reason recorded")
+            if e.get("name") in allowed:
+                why = f"accepted with --allow-skip: {why}"
+            elif e.get("optional"):
+                why = f"optional on this machine: {why}"
+            out.append((str(e.get("name")), why))
     return out
 
 
@@ -131,7 +139,9 @@ def verdict_sentence(doc: Mapping[str, Any]) -> str:
     """The one-line verdict: the word, the counts, and every skip and exclusion by name.
 
     ``PASS — 21 passed, 0 failed, 2 skipped across 7 scenarios; skipped:
-    spike.recovery_s, …; not run: linearity (the server has 1 core here …)``.
+    spike.recovery_s, …; not run: linearity (optional here: the server has 1 core …)``.
+    A scenario not judged names the defining checks that were not judged; a skip or a
+    scenario the user accepted (``--allow-skip``) is named as accepted.
     """
     verdict = overall_verdict(doc)
     scs = doc.get("scenarios") or []
@@ -140,16 +150,57 @@ def verdict_sentence(doc: Mapping[str, Any]) -> str:
         f"across {len(scs)} scenario{'s' if len(scs) != 1 else ''}"
     )
     for word in ("fail", "invalid", "not_judged"):
-        names = [str(sc.get("name")) for sc in scs if scenario_verdict(sc) == word]
-        if names and (len(names) < len(scs) or verdict != word):
+        names = [
+            str(sc.get("name")) + _unjudged_defining_text(sc)
+            if word == "not_judged"
+            else str(sc.get("name"))
+            for sc in scs
+            if scenario_verdict(sc) == word
+        ]
+        if names and (len(names) < len(scs) or verdict != word or word == "not_judged"):
             line += f"; {VERDICT_WORDS[word].lower()}: {', '.join(names)}"
-    skipped = skipped_checks(doc)
-    if skipped:
-        line += f"; skipped: {', '.join(dict.fromkeys(cid for _, cid, _ in skipped))}"
+    skipped = [(sc, cid) for sc, cid, _ in skipped_checks(doc)]
+    accepted = accepted_skips(doc)
+    plain = [cid for _, cid in skipped if cid not in accepted]
+    if plain:
+        line += f"; skipped: {', '.join(dict.fromkeys(plain))}"
+    if accepted:
+        line += f"; accepted unjudged (--allow-skip): {', '.join(accepted)}"
     excluded = excluded_scenarios(doc)
     if excluded:
         line += "; not run: " + "; ".join(f"{n} ({why})" for n, why in excluded)
     return line
+
+
+def _unjudged_defining_text(sc: Mapping[str, Any]) -> str:
+    """`` (its defining checks a, b not judged)`` for a scenario not judged because of them."""
+    ids = unjudged_defining(sc)
+    if not ids:
+        return ""
+    return f" (defining check{'s' if len(ids) > 1 else ''} {', '.join(ids)} not judged)"
+
+
+def unjudged_defining(sc: Mapping[str, Any]) -> list[str]:
+    """The ids of the scenario's defining checks (``defined_by``) that were skipped without
+    the user accepting it: each one alone keeps the scenario from a pass."""
+    defining = set(sc.get("defined_by") or ())
+    return [
+        str(c["id"])
+        for c in sc.get("checks") or []
+        if c.get("id") in defining and check_state(c) == SKIP and not c.get("accepted")
+    ]
+
+
+def accepted_skips(doc: Mapping[str, Any]) -> list[str]:
+    """Check ids skipped with the user's acceptance, once each."""
+    return list(
+        dict.fromkeys(
+            str(c["id"])
+            for sc in doc.get("scenarios") or []
+            for c in sc.get("checks") or []
+            if check_state(c) == SKIP and c.get("accepted")
+        )
+    )
 
 
 def earlier_attempts(sc: Mapping[str, Any]) -> list[str]:

@@ -215,6 +215,9 @@ class Check(TypedDict):
     n: int | None
     detail: str
     skipped: str | None
+    # a skip the user accepted (--allow-skip, the checklist's allow_skip or enabled =
+    # false): it does not stop the scenario's pass, and the verdict line names it
+    accepted: NotRequired[bool]
 
 
 class ServerStatsStage(TypedDict):
@@ -295,6 +298,9 @@ class ScenarioResult(TypedDict):
     load: NotRequired[Load]
     latency_hdr: NotRequired[str | None]
     validity: NotRequired[list[str]]  # added when judged
+    # the checks that answer the scenario's question: a pass needs each judged, or its
+    # skip accepted (``allow_skip``); absent in older documents (then: any own check)
+    defined_by: NotRequired[list[str]]
     sut: NotRequired[dict[str, Any] | None]  # merged runs: this scenario's own server
     loadgen: NotRequired[dict[str, Any] | None]
     server_stats: NotRequired[ServerStats]  # the server's statistics extension
@@ -315,8 +321,15 @@ class Attempt(TypedDict):
 
 
 class Excluded(TypedDict):
+    """A planned scenario that did not run: left out before load (preflight) or stopped by
+    a configuration error found while preparing it."""
+
     name: str
     reason: str
+    # true when its absence does not stop a pass: this machine cannot host its question
+    # (linearity with one server core) or the user accepted it (--allow-skip); false makes
+    # the run's verdict at best "not_judged"
+    optional: NotRequired[bool]
 
 
 class Machine(TypedDict):
@@ -384,6 +397,8 @@ class Document(TypedDict):
     scenarios: list[ScenarioResult]
     excluded: NotRequired[list[Excluded]]
     not_run: NotRequired[list[str]]
+    # check ids and scenario names whose skip or absence the user accepted (--allow-skip)
+    allow_skip: NotRequired[list[str]]
 
 
 # --- derived numbers stored in the document ------------------------------------------
