@@ -198,6 +198,20 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output directory (default: harness-results/NAME)")
     p.add_argument("--checklist", default=None, help="TOML overriding check thresholds")
     p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:DTYPE:SHAPE",
+        help="a model input, when the server's metadata lists none (repeatable), e.g. "
+        "--input input:FP32:1,256",
+    )
+    p.add_argument(
+        "--sample-request",
+        default=None,
+        metavar="FILE",
+        help="a V2 inference request JSON file whose inputs are the template of every request",
+    )
+    p.add_argument(
         "--allow-skip",
         action="append",
         default=[],
@@ -319,6 +333,10 @@ def _plan(args: argparse.Namespace, scenarios: Sequence[str], default_out: str) 
         [n.strip() for a in args.allow_skip for n in a.split(",") if n.strip()], "--allow-skip"
     )
     extra = list(args.locust_arg)
+    for spec in args.input:
+        extra += ["--input", spec]
+    if args.sample_request:
+        extra += ["--sample-request", str(Path(args.sample_request).resolve())]
     loadgen_cores = None
     if target.sut_cmd is not None and target.agent_url is None:
         from harness.acceptance import core_split

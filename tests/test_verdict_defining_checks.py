@@ -267,3 +267,17 @@ def test_a_configuration_error_found_late_keeps_what_ran_and_is_not_a_pass(
     # the old rule: "NOT RUN", exit 0
     assert doc["verdict"] == "not_judged" and outcome.exit_code == ExitCode.NOT_JUDGED
     assert (tmp_path / "results.json").exists() and (tmp_path / "summary.md").exists()
+
+
+def test_the_input_flag_a_configuration_error_names_is_one_harness_run_accepts(tmp_path):
+    """The fix a 'reports no inputs' error names (--input NAME:DTYPE:SHAPE) reaches the
+    Locust run from `harness run` / `harness acceptance`, not only via --locust-arg."""
+    from harness.acceptance import scenario_argv
+    from harness.cli import _plan, build_parser
+
+    args = build_parser().parse_args(
+        ["run", "steady_state", "--input", "input:FP32:1,256", "--out", str(tmp_path)]
+    )
+    plan = _plan(args, [args.scenario], str(tmp_path))
+    argv = scenario_argv(plan, "steady_state", tmp_path)
+    assert argv[argv.index("--input") + 1] == "input:FP32:1,256"
