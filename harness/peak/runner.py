@@ -515,7 +515,7 @@ def headline_peak(
 
     With the refine phase (``precision``) and a fit whose 95 % interval is closed: the
     fitted edge and that interval — a confidence interval of the printed number, from
-    every judged point, whose coverage is measured (tests/test_issue14_edge_fit.py).
+    every judged point, whose coverage is measured (tests/test_peak_edge_fit.py).
     Otherwise [L, U] from the repeats is the interval, and the peak is the logistic edge
     when it lies inside it (it uses the bracketing and bisection points too, so it is not
     tied to the bisection's grid the way the midpoint is), else the midpoint."""

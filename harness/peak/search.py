@@ -22,7 +22,7 @@ nominal 75 %. So `harness peak` states another interval: after the edge repeats,
 *refine phase* measures at the fitted logistic's D-optimal rates (edge ∓ 1.54 scale)
 until the fitted edge's 95 % profile-likelihood interval (Firth-penalized, see EdgeFit)
 is within ``precision`` of it; that interval's coverage is measured in
-tests/test_issue14_edge_fit.py. [L, U] stays in the results as what the repeats showed,
+tests/test_peak_edge_fit.py. [L, U] stays in the results as what the repeats showed,
 and is what `harness tune` ranks on (its peak is L).
 
 A point is one measurement at one rate; its ``outcome`` is ``met`` (p99 over all
@@ -616,7 +616,7 @@ class EdgeFit:
     met, met, missed at 503.4 req/s and missed 3/3 at 516.7 gave a scale of 0.6 req/s and
     a 95 % interval 2.6 % wide, which the next run's edge, 517, fell outside). Firth's
     estimate exists for separated data and its profile interval keeps its coverage there
-    (Heinze & Schemper 2002); ``tests/test_issue14_edge_fit.py`` measures that coverage."""
+    (Heinze & Schemper 2002); ``tests/test_peak_edge_fit.py`` measures that coverage."""
 
     edge_rps: float
     ci_rps: tuple[float | None, float | None]

@@ -1,4 +1,4 @@
-"""Issue 14, fast: the peak search on synthetic latency models, the tune's space, ranking,
+"""Fast: the peak search on synthetic latency models, the tune's space, ranking,
 pruning and resume with a synthetic measurement, the guard process, and bad input."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _edge(slo: float, capacity: float = 400.0) -> float:
     return capacity * (1.0 - 10.0 * math.log(100.0) / (slo - 20.0))
 
 
-def test_issue14_bracketing_then_bisection_finds_a_deterministic_edge() -> None:
+def test_bracketing_then_bisection_finds_a_deterministic_edge() -> None:
     slo = 200.0
     truth = _edge(slo)
     s = _drive(
@@ -75,7 +75,7 @@ def test_issue14_bracketing_then_bisection_finds_a_deterministic_edge() -> None:
     assert est.mixed_rps == ()
 
 
-def test_issue14_search_goes_down_when_the_first_point_misses() -> None:
+def test_search_goes_down_when_the_first_point_misses() -> None:
     slo = 200.0
     s = _drive(PeakSearch(SearchParams(start_rps=2000.0, repeats=1)), _deterministic(slo))
     est = s.estimate()
@@ -84,11 +84,11 @@ def test_issue14_search_goes_down_when_the_first_point_misses() -> None:
     assert est.confidence == 0.0  # one point per rate: a bracket, not an interval
 
 
-def test_issue14_noisy_edge_interval_covers_the_true_edge_at_its_stated_confidence() -> None:
+def test_noisy_edge_interval_covers_the_true_edge_at_its_stated_confidence() -> None:
     """A point meets the SLO with probability falling smoothly around the edge (400 ± 8
     req/s): over 200 searches the interval [L, U] holds the edge at least as often as
     its nominal 75 %; its median width is about two tolerance steps. (On a gradual edge
-    it does not: test_issue14_edge_fit.)"""
+    it does not: tests/test_peak_edge_fit.py.)"""
     edge, hits, widths = 400.0, 0, []
     for seed in range(200):
         rng = random.Random(seed)
@@ -106,7 +106,7 @@ def test_issue14_noisy_edge_interval_covers_the_true_edge_at_its_stated_confiden
     assert widths[len(widths) // 2] <= 0.1 and widths[-1] < 0.5
 
 
-def test_issue14_one_unlucky_miss_does_not_cap_a_tune_configurations_peak() -> None:
+def test_one_unlucky_miss_does_not_cap_a_tune_configurations_peak() -> None:
     """Measured (two tunes of the same space): max_batch=32,delay=20 held the SLO up to 552
     req/s in one tune; in the next its first point, 416 req/s, missed (p99 158 ms against
     150) and one point per rate capped its peak at 390 — third place became second. With
@@ -132,7 +132,7 @@ def test_issue14_one_unlucky_miss_does_not_cap_a_tune_configurations_peak() -> N
     assert res["confidence"] == pytest.approx(0.75) and res["repeats"] == 3
 
 
-def test_issue14_insufficient_point_is_measured_again_longer_then_counts_as_a_miss() -> None:
+def test_insufficient_point_is_measured_again_longer_then_counts_as_a_miss() -> None:
     s = PeakSearch(SearchParams(start_rps=100.0, repeats=1))
     s.record(Point(100.0, "met"))
     step = s.next_step()
@@ -146,7 +146,7 @@ def test_issue14_insufficient_point_is_measured_again_longer_then_counts_as_a_mi
     assert step.phase == "bisect" and 100.0 < step.rate_rps < 150.0
 
 
-def test_issue14_invalid_points_are_no_information_and_the_generator_limit_stops_it() -> None:
+def test_invalid_points_are_no_information_and_the_generator_limit_stops_it() -> None:
     s = PeakSearch(SearchParams(start_rps=100.0, repeats=3))
     s.record(Point(100.0, "met"))
     for _ in range(INVALID_TRIES - 1):
@@ -159,7 +159,7 @@ def test_issue14_invalid_points_are_no_information_and_the_generator_limit_stops
     assert est.limit == "generator" and est.low_rps == 100.0 and est.high_rps is None
 
 
-def test_issue14_an_invalid_midpoint_inside_a_valid_bracket_is_sidestepped() -> None:
+def test_an_invalid_midpoint_inside_a_valid_bracket_is_sidestepped() -> None:
     s = PeakSearch(SearchParams(start_rps=100.0, repeats=1, tolerance=0.05))
     for p in (Point(100.0, "met"), Point(150.0, "missed")):
         s.record(p)
@@ -169,7 +169,7 @@ def test_issue14_an_invalid_midpoint_inside_a_valid_bracket_is_sidestepped() -> 
     assert step.phase == "bisect" and step.rate_rps == pytest.approx((100 + 300) / 3)
 
 
-def test_issue14_none_met_down_to_the_floor() -> None:
+def test_none_met_down_to_the_floor() -> None:
     s = _drive(
         PeakSearch(SearchParams(start_rps=100.0, repeats=1, min_rps=20.0)),
         lambda r, longer: Point(r, "missed"),
@@ -179,7 +179,7 @@ def test_issue14_none_met_down_to_the_floor() -> None:
     assert min(p.rate_rps for p in s.points) >= 20.0
 
 
-def test_issue14_resumed_search_continues_from_its_points() -> None:
+def test_resumed_search_continues_from_its_points() -> None:
     judge = _deterministic(200.0)
     full = _drive(PeakSearch(SearchParams(start_rps=50.0, repeats=3)), judge)
     half = full.points[: len(full.points) // 2]
@@ -188,13 +188,13 @@ def test_issue14_resumed_search_continues_from_its_points() -> None:
     assert resumed.estimate() == full.estimate()
 
 
-def test_issue14_samples_needed_and_edge_confidence() -> None:
+def test_samples_needed_and_edge_confidence() -> None:
     assert samples_needed(0.95) == 1182
     assert samples_needed(0.99) == 2144
     assert edge_confidence(3) == 0.75 and edge_confidence(1) == 0.0
 
 
-def test_issue14_knee_of_a_hockey_stick() -> None:
+def test_knee_of_a_hockey_stick() -> None:
     rates = [50, 100, 150, 200, 250, 300, 350, 380]
     pts = [Point(r, "met", p99_ms=_p99_model(r)) for r in rates]
     k = knee(pts)
@@ -284,7 +284,7 @@ def _tc(space: Space, mode: str = "quick", default: str = "max_batch=1,delay=1,w
     )
 
 
-def test_issue14_space_parse_and_command() -> None:
+def test_space_parse_and_command() -> None:
     sp = _space()
     assert sp.size == 24
     cfg = sp.parse_config("max_batch=8,delay=5,workers=2", "--default")
@@ -313,12 +313,12 @@ def test_issue14_space_parse_and_command() -> None:
         ([], "s --port {port}", "--space is required"),
     ],
 )
-def test_issue14_space_bad_input_names_the_fix(specs, template, match) -> None:
+def test_space_bad_input_names_the_fix(specs, template, match) -> None:
     with pytest.raises(ConfigError, match=match):
         Space.parse(specs, template)
 
 
-def test_issue14_rank_ties_on_cpu_and_pareto() -> None:
+def test_rank_ties_on_cpu_and_pareto() -> None:
     rows = [
         {"key": "a", "peak_rps": 300.0, "cpu_ms_per_request": 3.0, "p99_at_peak_ms": 90.0},
         {"key": "b", "peak_rps": 290.0, "cpu_ms_per_request": 2.0, "p99_at_peak_ms": 60.0},
@@ -360,7 +360,7 @@ def _groups(ranked) -> dict:
     return out
 
 
-def test_issue14_ranks_are_shared_by_configurations_the_search_did_not_separate() -> None:
+def test_ranks_are_shared_by_configurations_the_search_did_not_separate() -> None:
     """Two tunes ordered their third and fourth configurations differently (by 2 % of CPU
     per request in one, by a 17 % lower peak with overlapping brackets in the other): a
     rank is 1 + the configurations measured better (met the SLO where this one missed), so
@@ -400,7 +400,7 @@ def _outcomes(*pairs: tuple[float, str]) -> list[dict]:
     return [Point(rate, outcome, p99_ms=100.0).as_dict() for rate, outcome in pairs]
 
 
-def test_issue14_a_rank_is_judged_on_every_outcome_not_on_one_miss_that_mets_contradict() -> None:
+def test_a_rank_is_judged_on_every_outcome_not_on_one_miss_that_mets_contradict() -> None:
     """A fresh tune (2026-12-02) ranked 32/5/2 5th, below 8/5/1 (=3): 8/5/1 held 220.8
     req/s in all 3 repeats and 32/5/2 missed there — once, p99 150.4 ms against 150, its
     16-point budget spent, after meeting the SLO at 245, 270 and 294. Its misses agree from
@@ -450,7 +450,7 @@ def _lifetimes(*rows: tuple[float, str, int]) -> list[dict]:
     ]
 
 
-def test_issue14_a_separation_needs_the_searchs_resolution_not_one_shared_rate() -> None:
+def test_a_separation_needs_the_searchs_resolution_not_one_shared_rate() -> None:
     """A fresh tune (2026-12-02, each repeat on a fresh server) separated 32/20/2 from
     8/5/1 at one rate: 32/20/2 met 322.0 req/s in all three of its server lifetimes, 8/5/1
     missed it in all four of its own — and ranked 8/5/1 4th. The next tune's lifetimes of
@@ -490,7 +490,7 @@ def test_issue14_a_separation_needs_the_searchs_resolution_not_one_shared_rate()
     assert [r["key"] for r in ranked][0] == "32/5/1"
 
 
-def test_issue14_quick_mode_climbs_on_from_every_configuration_it_could_not_separate(
+def test_quick_mode_climbs_on_from_every_configuration_it_could_not_separate(
     tmp_path,
 ) -> None:
     """Two neighbours of the default tie (300 and 290 req/s, each missed only above what
@@ -528,7 +528,7 @@ def test_issue14_quick_mode_climbs_on_from_every_configuration_it_could_not_sepa
     assert len(calls) < sp.size
 
 
-def test_issue14_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winner() -> None:
+def test_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winner() -> None:
     from harness.peak.report import _tune_rows, tune_sentence
     from harness.peak.tune import tied_with
 
@@ -567,7 +567,7 @@ def test_issue14_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winne
     assert "+67% over the default (d, which missed the SLO" in tune_sentence(tune)
 
 
-def test_issue14_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp_path) -> None:
+def test_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp_path) -> None:
     sp = _space()
     calls: list[str] = []
     quick = Tuner(
@@ -598,7 +598,7 @@ def test_issue14_quick_mode_climbs_to_the_best_with_fewer_configs_than_brute(tmp
     assert len(bcalls) == sp.size
 
 
-def test_issue14_a_planted_regression_is_never_recommended(tmp_path) -> None:
+def test_a_planted_regression_is_never_recommended(tmp_path) -> None:
     """The best configuration with a planted fault (its peak falls to 5 %) is not the
     recommendation; the next best is."""
     sp = _space()
@@ -616,7 +616,7 @@ def test_issue14_a_planted_regression_is_never_recommended(tmp_path) -> None:
         assert summary["recommended"] != key(best)
 
 
-def test_issue14_a_killed_tune_resumes_from_its_state_file(tmp_path) -> None:
+def test_a_killed_tune_resumes_from_its_state_file(tmp_path) -> None:
     sp = _space()
     calls: list[str] = []
     with pytest.raises(KeyboardInterrupt):
@@ -657,7 +657,7 @@ def test_issue14_a_killed_tune_resumes_from_its_state_file(tmp_path) -> None:
         Tuner(other, tmp_path)
 
 
-def test_issue14_an_interrupted_tune_reports_what_it_measured_and_recommends_nothing(
+def test_an_interrupted_tune_reports_what_it_measured_and_recommends_nothing(
     tmp_path,
 ) -> None:
     """A tune cut after 4 configurations: its summary ranks those 4 (from the state file
@@ -693,7 +693,7 @@ def test_issue14_an_interrupted_tune_reports_what_it_measured_and_recommends_not
     assert full["recommended"] and not full.get("interrupted")
 
 
-def test_issue14_a_config_cut_mid_search_goes_on_from_its_points(tmp_path) -> None:
+def test_a_config_cut_mid_search_goes_on_from_its_points(tmp_path) -> None:
     sp = _space()
     tc = _tc(sp)
     t = Tuner(tc, tmp_path, show=lambda s: None)
@@ -722,7 +722,7 @@ def _gone(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_issue14_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
+def test_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     server = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
@@ -782,7 +782,7 @@ def test_issue14_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
         ["tune", "--sut-cmd", "x --port {port} {a}", "--space", "a=1,2"],
     ],
 )
-def test_issue14_bad_input_exits_2_in_one_line_before_load(argv, tmp_path, capsys) -> None:
+def test_bad_input_exits_2_in_one_line_before_load(argv, tmp_path, capsys) -> None:
     from harness.cli import main
 
     try:
@@ -798,7 +798,7 @@ def test_issue14_bad_input_exits_2_in_one_line_before_load(argv, tmp_path, capsy
 # --- one point: its scenario and its classification -------------------------------------
 
 
-def test_issue14_point_scenario_is_a_warmup_then_a_judged_open_loop_stage(tmp_path) -> None:
+def test_point_scenario_is_a_warmup_then_a_judged_open_loop_stage(tmp_path) -> None:
     from harness.load.scenario import load_scenario
     from harness.peak.runner import point_scenario
 
@@ -851,7 +851,7 @@ def _sc(checks, validity=(), **extra):
     }
 
 
-def test_issue14_classify_reads_the_runs_own_judgement() -> None:
+def test_classify_reads_the_runs_own_judgement() -> None:
     from harness.peak.runner import classify
 
     cfg = PeakConfig(slo_p99_ms=40.0)
@@ -872,7 +872,7 @@ def test_issue14_classify_reads_the_runs_own_judgement() -> None:
     assert died.outcome == "missed"  # a server that died did not sustain the rate
 
 
-def test_issue14_a_search_with_every_point_invalid_is_no_verdict_not_none_met() -> None:
+def test_a_search_with_every_point_invalid_is_no_verdict_not_none_met() -> None:
     """Every point invalid is no evidence: the estimate says the generator was the limit
     (exit 3), never "no rate met the SLO" (exit 1, a verdict it did not measure)."""
     from harness.peak.runner import exit_code as peak_exit
@@ -889,7 +889,7 @@ def test_issue14_a_search_with_every_point_invalid_is_no_verdict_not_none_met() 
     assert s.estimate().limit == "none_met"
 
 
-def test_issue14_a_configuration_never_validly_measured_is_not_ranked_pruned_or_passed(
+def test_a_configuration_never_validly_measured_is_not_ranked_pruned_or_passed(
     tmp_path,
 ) -> None:
     """A configuration whose every point was invalid has no peak (not 0 req/s): it ranks
@@ -931,7 +931,7 @@ def test_issue14_a_configuration_never_validly_measured_is_not_ranked_pruned_or_
     assert tune_exit(ok.run()) == 0
 
 
-def test_issue14_mixed_outcomes_at_the_lowest_rate_step_down_by_the_tolerance_not_halve() -> None:
+def test_mixed_outcomes_at_the_lowest_rate_step_down_by_the_tolerance_not_halve() -> None:
     """A tune's search of 32/5/2 (2026-12-03, each repeat on a fresh server): four server
     lifetimes met and missed 171.9-214.9 req/s (lifetime 4 missed 182.7 and was twice
     inconclusive at 171.9, which counts as one miss), so every rate had a miss. The search
@@ -1032,7 +1032,7 @@ def _h2h_tune(tmp_path, edge_now: dict[str, float]):
     return _h2h_tuner(tmp_path, edge_now, searched, at).run(), searched, at
 
 
-def test_issue14_a_close_separation_made_by_slow_minutes_is_not_reproduced_head_to_head(
+def test_a_close_separation_made_by_slow_minutes_is_not_reproduced_head_to_head(
     tmp_path,
 ) -> None:
     """tune19's tune 1 separated the default (held 510.6) from 32/20/1 (missed 449.3 in
@@ -1058,7 +1058,7 @@ def test_issue14_a_close_separation_made_by_slow_minutes_is_not_reproduced_head_
     assert "## Head to head" in md and "not reproduced — not separated" in md
 
 
-def test_issue14_a_close_separation_that_is_real_stands_head_to_head(tmp_path) -> None:
+def test_a_close_separation_that_is_real_stands_head_to_head(tmp_path) -> None:
     """The control, same searches: 32/20/1 really is slower (its edge 420 when the rounds
     run), so it misses 449.3 and the default meets 510.6 in every alternating round — A,
     B, A, B, each on its own fresh server — and the separation stands: the default alone
@@ -1100,7 +1100,7 @@ def _state_points(d) -> dict[str, list[tuple[float, str, int | None]]]:
         (_FAST_NOW, (" over mb=32,d=20:",)),  # after the one round, before its verdict was saved
     ],
 )
-def test_issue14_a_tune_killed_mid_head_to_head_resumes_its_rounds(tmp_path, edges, kills) -> None:
+def test_a_tune_killed_mid_head_to_head_resumes_its_rounds(tmp_path, edges, kills) -> None:
     """A tune killed in the middle of its alternating rounds picks them up where they
     stopped: started again, it measures only the rounds' missing points, on the lifetimes
     an unbroken tune would have used, and ends with the same evidence, the same verdict on
@@ -1136,7 +1136,7 @@ def test_issue14_a_tune_killed_mid_head_to_head_resumes_its_rounds(tmp_path, edg
     assert "head_to_head_open" not in json.loads((tmp_path / "cut" / STATE).read_text())
 
 
-def test_issue14_a_configuration_that_met_somewhere_is_ranked_on_where_it_missed() -> None:
+def test_a_configuration_that_met_somewhere_is_ranked_on_where_it_missed() -> None:
     """tune20's tune 2: 32/5/2's p99 hovered at the SLO from 145 to 200 req/s — met there
     in some server lifetimes, missed in others (lifetime 3 missed every rate it tried) — so
     no rate met in every repeat and its peak is 0. It met the SLO, though: its edge is in

@@ -1,4 +1,4 @@
-"""Issue 14: `harness peak --searches K` — the peak of K searches on fresh servers, its
+"""`harness peak --searches K` — the peak of K searches on fresh servers, its
 interval Student's t over their spread.
 
 One search's interval comes from its own points, and misses a move of the edge between
@@ -18,10 +18,10 @@ import pytest
 
 from harness.peak.runner import PeakConfig, headline_peak, summarize
 from harness.peak.search import PeakSearch, Point, SearchParams, fit_edge, searches_interval
-from tests.test_issue14_peak import _drive
+from tests.test_peak_and_tune import _drive
 
 
-def test_issue14_searches_interval_is_students_t_over_the_searches() -> None:
+def test_searches_interval_is_students_t_over_the_searches() -> None:
     si = searches_interval([500.0, 520.0, 540.0])
     half = 4.302653 * 20.0 / math.sqrt(3)  # t(0.975, 2) · sd / √K
     assert si.peak_rps == pytest.approx(520.0) and si.sd_rps == pytest.approx(20.0)
@@ -52,7 +52,7 @@ def _one(edge: float, seed: int, precision: float | None) -> tuple[float, tuple]
     return peak, interval
 
 
-def test_issue14_k_searches_hold_a_move_between_lifetimes_that_one_search_misses() -> None:
+def test_k_searches_hold_a_move_between_lifetimes_that_one_search_misses() -> None:
     """Every server lifetime has its own edge, 400 req/s ± 5 % (sd 20 req/s, as measured
     between runs), and a gradual edge within it (scale 25 req/s, as fitted). Asked for the
     mean edge over lifetimes: the interval of 6 searches, each on its own lifetime, holds
@@ -91,7 +91,7 @@ def _section(edge: float, k: int, seed: int, pid: int) -> dict:
     )
 
 
-def test_issue14_combined_searches_report_the_mean_the_t_interval_and_each_search() -> None:
+def test_combined_searches_report_the_mean_the_t_interval_and_each_search() -> None:
     from harness.peak.report import peak_html, peak_markdown, peak_sentence
     from harness.peak.runner import combine_searches, exit_code, new_peak_document
 
@@ -118,7 +118,7 @@ def test_issue14_combined_searches_report_the_mean_the_t_interval_and_each_searc
     assert "<h2>Searches</h2>" in peak_html(doc)
 
 
-def test_issue14_a_search_without_an_answer_is_the_runs_answer() -> None:
+def test_a_search_without_an_answer_is_the_runs_answer() -> None:
     """A peak averaged over the searches that happened to finish would pass what was not
     measured: one search cut short makes the run's answer "no peak" (exit 3)."""
     from harness.peak.report import peak_sentence
@@ -138,7 +138,7 @@ def test_issue14_a_search_without_an_answer_is_the_runs_answer() -> None:
     assert "interrupted after 2 of 3 searches" in peak_sentence(peak)
 
 
-def test_issue14_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monkeypatch) -> None:
+def test_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monkeypatch) -> None:
     """The orchestration on real servers (the reference server, started and stopped per
     search); the points are simulated so the test measures nothing on its own load."""
     import psutil
@@ -179,7 +179,7 @@ def test_issue14_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monk
     assert all((tmp_path / f"search_{k}" / "server.log").exists() for k in (1, 2, 3))
 
 
-def test_issue14_a_tunes_repeats_each_run_on_a_fresh_server(tmp_path, monkeypatch) -> None:
+def test_a_tunes_repeats_each_run_on_a_fresh_server(tmp_path, monkeypatch) -> None:
     """harness tune: every repeat at a rate comes from its own server lifetime, so a
     configuration whose edge moves between lifetimes gets a peak every lifetime held. Real
     reference servers (one per lifetime, each stopped after it); the points are simulated:

@@ -1,4 +1,4 @@
-"""Issue 14, slow: a tiny `harness tune` end to end against the real reference server.
+"""Slow: a tiny `harness tune` end to end against the real reference server.
 
 2 x 2 space (max batch 4/16 x workers 1/2) of the simulated model (its batches sleep
 15 ms + 0.3 ms a row, so the peaks differ by configuration and not by how busy the CI box
@@ -101,7 +101,7 @@ def _tune_terminated_after_one_configuration(out: Path) -> tuple[int, str, list]
     return proc.returncode, "".join(lines) + err, started
 
 
-def test_issue14_tiny_tune_end_to_end_never_recommends_the_planted_regression(tmp_path) -> None:
+def test_tiny_tune_end_to_end_never_recommends_the_planted_regression(tmp_path) -> None:
     """Also the tune's kill path: SIGTERM after its first configuration ends it as Ctrl-C
     does (exit 130, the servers it started stopped, a report of what it measured that
     recommends nothing), and the same command then finishes it from the state file."""
@@ -147,7 +147,7 @@ def test_issue14_tiny_tune_end_to_end_never_recommends_the_planted_regression(tm
     )
 
 
-def test_issue14_a_head_to_head_point_runs_on_a_server_of_its_own(tmp_path) -> None:
+def test_a_head_to_head_point_runs_on_a_server_of_its_own(tmp_path) -> None:
     """``harness tune``'s head-to-head rounds measure one point at a given rate on a server
     started for it and stopped after it: a real reference server, a real point; nothing
     left running, its log named by its lifetime."""

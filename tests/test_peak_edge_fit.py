@@ -1,4 +1,4 @@
-"""Issue 14: the fitted edge and its 95 % interval — the interval `harness peak` states.
+"""The fitted edge and its 95 % interval — the interval `harness peak` states.
 
 The interval must cover the true edge about as often as it says, on sharp and on gradual
 edges, and the refine phase must make it as narrow as asked. Synthetic servers with a
@@ -21,7 +21,7 @@ from harness.peak.search import (
     fit_edge,
     fit_outcomes,
 )
-from tests.test_issue14_peak import _drive
+from tests.test_peak_and_tune import _drive
 
 EDGE = 400.0
 
@@ -53,7 +53,7 @@ def _search(precision: float | None, max_points: int = 48) -> PeakSearch:
         (25.0, 30, 0.9, 0.9),
     ],
 )
-def test_issue14_refined_interval_covers_the_edge_and_is_as_narrow_as_asked(
+def test_refined_interval_covers_the_edge_and_is_as_narrow_as_asked(
     scale: float, runs: int, min_cover: float, min_reached: float
 ) -> None:
     covered = reached = 0
@@ -76,7 +76,7 @@ def test_issue14_refined_interval_covers_the_edge_and_is_as_narrow_as_asked(
     assert reached / runs >= min_reached
 
 
-def test_issue14_without_refine_a_gradual_edge_leaves_the_interval_wide() -> None:
+def test_without_refine_a_gradual_edge_leaves_the_interval_wide() -> None:
     """What the refine phase is for: the same gradual edge, searched without it, ends with
     a fitted interval wider than the 15 % asked in most runs."""
     wide = 0
@@ -108,7 +108,7 @@ MEASURED = [
 ]
 
 
-def test_issue14_nearly_separated_outcomes_keep_an_honest_interval() -> None:
+def test_nearly_separated_outcomes_keep_an_honest_interval() -> None:
     """A search's outcomes are met below, missed above, mixed at one rate: the plain
     maximum-likelihood scale collapses (its supremum is at scale 0: a fit reports whatever
     tiny scale its optimizer stops at, 0.2–1 req/s) and its interval excludes where the
@@ -129,7 +129,7 @@ def test_issue14_nearly_separated_outcomes_keep_an_honest_interval() -> None:
     assert fit_edge(pts) == firth
 
 
-def test_issue14_refine_points_alternate_around_the_edge_and_leave_the_repeats_bound() -> None:
+def test_refine_points_alternate_around_the_edge_and_leave_the_repeats_bound() -> None:
     s = _drive(_search(0.1), _noisy(25.0, 7))
     steps = PeakSearch(s.params)
     phases = []
@@ -148,7 +148,7 @@ def test_issue14_refine_points_alternate_around_the_edge_and_leave_the_repeats_b
     assert abs(below - (len(s.points) - n0 - below)) <= len(s.points[n0:]) // 2
 
 
-def test_issue14_an_invalid_refine_rate_stops_the_refine_not_the_answer() -> None:
+def test_an_invalid_refine_rate_stops_the_refine_not_the_answer() -> None:
     s = _drive(_search(None, 48), _noisy(25.0, 3))
     s = PeakSearch(SearchParams(start_rps=100.0, repeats=3, precision=0.01), s.points)
     rate = s.next_step().rate_rps
@@ -161,7 +161,7 @@ def test_issue14_an_invalid_refine_rate_stops_the_refine_not_the_answer() -> Non
     assert s.estimate().limit == "slo"
 
 
-def test_issue14_repeats_interval_falls_short_of_its_nominal_confidence_on_a_gradual_edge() -> None:
+def test_repeats_interval_falls_short_of_its_nominal_confidence_on_a_gradual_edge() -> None:
     """Why [L, U] is not the stated interval: the search picks its bounds after seeing
     the outcomes, so on an edge whose outcomes are mixed over ±12 % it holds the edge in
     about two searches of three, not the nominal 75 % — the figure the docs quote."""
@@ -189,7 +189,7 @@ def _doc(s: PeakSearch, precision: float | None) -> dict:
     return doc
 
 
-def test_issue14_the_report_states_the_fitted_interval_and_the_repeats_band() -> None:
+def test_the_report_states_the_fitted_interval_and_the_repeats_band() -> None:
     """What summary.md / report.html say: the peak, its 95 % interval and what it is, and
     [L, U] as what the repeats showed; without the refine phase, [L, U] and no percent."""
     from harness.peak.report import peak_html, peak_markdown, peak_sentence
@@ -215,7 +215,7 @@ def test_issue14_the_report_states_the_fitted_interval_and_the_repeats_band() ->
     assert "95 %" not in peak_sentence(peak) and "%  confidence" not in peak_sentence(peak)
 
 
-def test_issue14_every_point_invalid_reports_no_verdict() -> None:
+def test_every_point_invalid_reports_no_verdict() -> None:
     from harness.peak.report import peak_sentence
     from harness.peak.runner import exit_code
 
@@ -227,7 +227,7 @@ def test_issue14_every_point_invalid_reports_no_verdict() -> None:
     assert "No measured rate met" not in peak_sentence(peak)
 
 
-def test_issue14_a_bracket_that_looks_separated_is_refined_before_it_is_believed() -> None:
+def test_a_bracket_that_looks_separated_is_refined_before_it_is_believed() -> None:
     """A measured run: met at 431.8 and 451.4 ×3, missed at 471 ×3, then one refine point
     met at 453.2. Its fitted interval was already 12 % wide — within the 15 % asked — but
     its scale (4.7 req/s) came from the separation, not from outcomes near the edge; the
@@ -255,7 +255,7 @@ def test_issue14_a_bracket_that_looks_separated_is_refined_before_it_is_believed
     assert step.phase == "refine" and "1 met / 0 missed" in step.why
 
 
-def test_issue14_answers_agree_uses_the_facing_half_widths() -> None:
+def test_answers_agree_uses_the_facing_half_widths() -> None:
     """The 3-run criterion bench/peak.py and bench/edge_coverage.py judge by: measured
     runs (2026-12-02) — 529.2 [513.7, 547.2] and 531.1 [506.7, 583.3] agree; 529.2 and
     576.2 [533.6, 619.6] do not (47.0 apart, facing halves 18.1 and 42.5: 46.2)."""
