@@ -323,8 +323,36 @@ CATALOG = Catalog(
                 alpha=0.01,
                 buckets=20,
             ),
-            summary="p99 trend over the soak: fitted end vs fitted start (after the warm-up)",
-            passes_when="p99 trend (fitted end vs start) ≤ {threshold}× or not significant",
+            summary="windowed p99 over every request (failures slowest) after the warm-up: "
+            "fitted end vs start (a slope) and last third vs first third (a step)",
+            passes_when="windowed p99 over every request (failures count as slowest): fitted "
+            "end vs start *and* last third vs first third ≤ {threshold}×, or not significant",
+            scenarios=("soak",),
+        ),
+        CheckDecl(
+            "soak.error_rate",
+            unit="ratio",
+            op="<=",
+            # threshold, include_dropped, min_requests: as steady.error_rate (a healthy
+            # server at 0.6x fails nothing; 1 % is a systematic failure). Per window:
+            # window_s = 10 holds thousands of requests at a soak's rate, and a stretch of
+            # total failure 0.5 s long is 5 % of it; window_threshold = 5 % bounds such a
+            # burst; alpha = 0.01 sets the binomial margin (a window's count must also be
+            # over the 1 − alpha/K quantile of Binomial(n, threshold), K windows), so a
+            # server failing independently at 1 % trips no window in 99 % of runs.
+            defaults=_defaults(
+                threshold=0.01,
+                stage="",
+                include_dropped=True,
+                min_requests=100,
+                window_s=10.0,
+                window_threshold=0.05,
+                alpha=0.01,
+            ),
+            summary="failed (and dropped) share over the whole soak, and in every sliding "
+            "window of a few seconds (binomial margin)",
+            passes_when="≤ {threshold:%} failed over the soak, and no {window_s} s window "
+            "over {window_threshold:%} (beyond binomial noise)",
             scenarios=("soak",),
         ),
         CheckDecl(
@@ -346,6 +374,20 @@ CATALOG = Catalog(
             passes_when="{threshold} responses that belong to another request or drift beyond "
             "tolerance (every response verified; `nondeterministic = true` reports drift "
             "without failing)",
+            scenarios=("integrity",),
+        ),
+        CheckDecl(
+            "integrity.failures",
+            unit="ratio",
+            op="<=",
+            # 1 %: the healthy reference server fails none of the quick run's ~17,000
+            # (0.3x and 0.9x); a bound of 1 % leaves the mismatch check at least 99 % of
+            # what it was meant to see. min_requests as steady.error_rate.
+            defaults=_defaults(threshold=0.01, min_requests=100),
+            summary="share of the requests meant to be verified that got no answer to verify "
+            "(failed, timed out, dropped, non-200)",
+            passes_when="≤ {threshold:%} of the requests meant to be verified got no "
+            "verifiable answer (a server cannot pass integrity by failing its batches)",
             scenarios=("integrity",),
         ),
         CheckDecl(

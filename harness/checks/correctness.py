@@ -9,6 +9,7 @@ from harness.analysis.linearity import efficiency, medians
 from harness.analysis.validity import accounting_imbalance
 from harness.checks import _data as d
 from harness.checks._data import fmt
+from harness.checks.latency import failure_kinds, unanswered
 from harness.checks.model import Check, Result
 from harness.checks.registry import implements
 from harness.results.records import usl_params
@@ -70,6 +71,56 @@ def mismatches(result: Mapping[str, Any], r: Result) -> Check:
             "declares the model nondeterministic)"
         )
     return r.judged(bad, True, detail, n=checked)
+
+
+# the outcomes of a verified answer: counted in ``integrity.checked`` (and judged by
+# integrity.mismatches), not among the requests that got no verifiable answer
+VERIFIED_FAILURES = ("cross_wired", "drift", "id_mismatch")
+
+
+@implements("integrity.failures")
+def integrity_failures(result: Mapping[str, Any], r: Result) -> Check:
+    """The share of the requests the scenario meant to verify that got no answer to
+    verify: failed (any HTTP error, a body that is no V2 answer), timed out, reset or
+    dropped at the client's cap — ``unanswered`` as ``steady.p99_ms`` counts it, less the
+    verified answers that were wrong (integrity.mismatches judges those). A server that
+    fails the requests it would mix up (every batch of two or more) leaves mismatches
+    nothing to see; this is what fails it."""
+    integ = result.get("integrity")
+    if not integ:
+        return r.skipped("no response integrity data was recorded in this scenario")
+    if integ.get("verified") is False:
+        return r.skipped(
+            "no golden outputs were fetched (--no-verify), so no answer was meant to be verified"
+        )
+    c = d.counters(result)
+    if c is None:
+        return r.skipped("no request counters were recorded")
+    failed = c.get("failed") or {}
+    unverified = unanswered(c) - sum(int(failed.get(k) or 0) for k in VERIFIED_FAILURES)
+    checked = int(integ.get("checked") or 0)
+    n = checked + unverified
+    if n < int(r.params["min_requests"]):
+        return r.skipped(
+            f"insufficient samples: {n} finished requests (need >= "
+            f"{r.params['min_requests']}) — run longer",
+            n=n,
+        )
+    share = unverified / n
+    ok = r.compare(share)
+    kinds = {k: v for k, v in failed.items() if k not in VERIFIED_FAILURES}
+    detail = (
+        f"{unverified} of {n} requests meant to be verified got no answer to verify "
+        f"({share:.2%}) {'<=' if ok else '>'} {float(r.threshold):.2%}; {checked} answers "
+        f"verified; by kind: {failure_kinds({**c, 'failed': kinds})}"
+    )
+    if not ok:
+        detail += (
+            " — answers that never come cannot be checked: a server that fails its "
+            "batched requests passes integrity.mismatches on the few it answers; see "
+            "errors by kind (and by stage: batches fill in the high stage)"
+        )
+    return r.judged(round(share, 6), ok, detail, n=n)
 
 
 def _example(e: Mapping[str, Any]) -> str:

@@ -19,12 +19,12 @@ from harness.checks.model import Check, Result
 from harness.checks.registry import implements
 
 
-def _stage_list(name: str) -> list[str] | None:
+def stage_list(name: str) -> list[str] | None:
     """``name`` as a one-stage list, or None (= whole run) when empty."""
     return [name] if name else None
 
 
-def _unanswered(c: Mapping[str, Any]) -> int:
+def unanswered(c: Mapping[str, Any]) -> int:
     """Finished requests with no good answer: failed (any kind), timed out or dropped.
 
     ``cancelled`` is left out with the requests in flight at the end: the harness, not the
@@ -66,7 +66,7 @@ def first_p99_ratio(result: Mapping[str, Any], r: Result) -> Check:
     fh = d.optional_hist(first.get("latency_hdr")) or new_histogram()
     # results written before failures were counted hold only the ok first answers
     counted = "scheduled" in first
-    bad = _unanswered(first) if counted else 0
+    bad = unanswered(first) if counted else 0
     n_first = fh.get_total_count() + bad
     if n_first < int(r.params["min_first"]):
         return r.skipped(
@@ -136,7 +136,7 @@ def first_error_rate(result: Mapping[str, Any], r: Result) -> Check:
             "this results document does not count the first requests' failures (written by "
             "an older harness) — run the scenario again"
         )
-    bad = _unanswered(first)
+    bad = unanswered(first)
     denom = int(first.get("ok") or 0) + bad
     if denom < int(r.params["min_first"]):
         return r.skipped(
@@ -148,7 +148,7 @@ def first_error_rate(result: Mapping[str, Any], r: Result) -> Check:
     ok = r.compare(rate)
     detail = (
         f"{bad} of the first {denom} requests sent failed or were dropped ({rate:.2%}) "
-        f"{'<=' if ok else '>'} {float(r.threshold):.2%}; by kind: {_kinds(first)}"
+        f"{'<=' if ok else '>'} {float(r.threshold):.2%}; by kind: {failure_kinds(first)}"
     )
     if not ok:
         detail += (
@@ -175,7 +175,7 @@ def _p99_check(
             "cannot be counted against the SLO",
         )
     slo = float(r.threshold)
-    bad = _unanswered(c)
+    bad = unanswered(c)
     a = slo_assessment(hist, slo, 99.0, confidence_param, failed=bad)
     if a.n == 0:
         return r.skipped(f"no successful or failed {what} requests were recorded", n=0)
@@ -194,7 +194,7 @@ def _p99_check(
     if a.value_ms is not None and math.isinf(a.value_ms):
         detail = (
             f"{what} p99 is a failure: {bad} of {a.n} finished requests failed or were "
-            f"dropped ({_share(bad, a.n)}; {_kinds(c)}), more than the 1 % a p99 leaves — "
+            f"dropped ({_share(bad, a.n)}; {failure_kinds(c)}), more than the 1 % a p99 leaves — "
             f"each counts as over {fmt(slo)} ms ({beside})"
         )
     else:
@@ -212,7 +212,7 @@ def _p99_check(
 
 @implements("steady.p99_ms")
 def steady_p99(result: Mapping[str, Any], r: Result) -> Check:
-    names = _stage_list(r.params["stage"])
+    names = stage_list(r.params["stage"])
     hist = d.histogram(result, stage_names=names)
     return _p99_check(
         r,
@@ -224,7 +224,7 @@ def steady_p99(result: Mapping[str, Any], r: Result) -> Check:
     )
 
 
-def _failure_rate(c: Mapping[str, Any], include_dropped: bool) -> tuple[float | None, int, int]:
+def failure_rate(c: Mapping[str, Any], include_dropped: bool) -> tuple[float | None, int, int]:
     """(rate, bad, denominator) over requests that finished (in-flight ones excluded)."""
     bad = d.failed_total(c) + (int(c.get("dropped") or 0) if include_dropped else 0)
     denom = int(c.get("scheduled") or 0) - int(c.get("in_flight") or 0)
@@ -233,11 +233,11 @@ def _failure_rate(c: Mapping[str, Any], include_dropped: bool) -> tuple[float | 
     return (bad / denom if denom > 0 else None), bad, denom
 
 
-def _rate_of_enough(
+def rate_of_enough(
     r: Result, c: Mapping[str, Any], include_dropped: bool, what: str, next_step: str
 ) -> tuple[float, int, int] | Check:
     """``_failure_rate`` over at least ``min_requests`` finished requests, else a skip."""
-    rate, bad, denom = _failure_rate(c, include_dropped)
+    rate, bad, denom = failure_rate(c, include_dropped)
     if rate is None or denom < int(r.params["min_requests"]):
         return r.skipped(
             f"insufficient samples: {denom} finished {what}requests (need >= "
@@ -247,7 +247,7 @@ def _rate_of_enough(
     return rate, bad, denom
 
 
-def _kinds(c: Mapping[str, Any]) -> str:
+def failure_kinds(c: Mapping[str, Any]) -> str:
     kinds = {k: v for k, v in (c.get("failed") or {}).items() if v}
     if c.get("dropped"):
         kinds["dropped"] = c["dropped"]
@@ -256,17 +256,17 @@ def _kinds(c: Mapping[str, Any]) -> str:
 
 @implements("steady.error_rate")
 def steady_error_rate(result: Mapping[str, Any], r: Result) -> Check:
-    c = d.counters(result, stage_names=_stage_list(r.params["stage"]))
+    c = d.counters(result, stage_names=stage_list(r.params["stage"]))
     if c is None:
         return r.skipped("no request counters were recorded")
-    got = _rate_of_enough(r, c, bool(r.params["include_dropped"]), "", "run longer")
+    got = rate_of_enough(r, c, bool(r.params["include_dropped"]), "", "run longer")
     if isinstance(got, Check):
         return got
     rate, bad, denom = got
     ok = r.compare(rate)
     detail = (
         f"{bad} of {denom} requests failed ({rate:.2%}) {'<=' if ok else '>'} "
-        f"{float(r.threshold):.2%}; by kind: {_kinds(c)}"
+        f"{float(r.threshold):.2%}; by kind: {failure_kinds(c)}"
     )
     if not ok:
         detail += (
@@ -287,7 +287,7 @@ def _offered(result: Mapping[str, Any], names: list[str] | None) -> tuple[float,
 
 @implements("steady.throughput")
 def steady_throughput(result: Mapping[str, Any], r: Result) -> Check:
-    names = _stage_list(r.params["stage"])
+    names = stage_list(r.params["stage"])
     c = d.counters(result, stage_names=names)
     offered = _offered(result, names)
     if c is None:
@@ -329,7 +329,7 @@ def _overload_evidence(
     if not others:
         return None
     oc = d.counters(result, stage_names=names, classes=others)
-    rate = _failure_rate(oc, True)[0] if oc else None
+    rate = failure_rate(oc, True)[0] if oc else None
     if rate is not None and rate >= min_reject:
         return f"other classes rejected {rate:.1%}"
     p99 = percentile_ms(d.histogram(result, stage_names=names, classes=others), 99.0)
@@ -351,7 +351,7 @@ def _high_class(result: Mapping[str, Any], r: Result) -> tuple[str, list[str] | 
     cls = r.params["class_name"] or d.high_class(result)
     if cls is None:
         return r.skipped("the traffic mix has no high-priority class (priority >= 1)")
-    return cls, _stage_list(r.params["stage"])
+    return cls, stage_list(r.params["stage"])
 
 
 @implements("priority.high_p99_ms")
@@ -388,14 +388,14 @@ def high_reject_rate(result: Mapping[str, Any], r: Result) -> Check:
     c = d.counters(result, stage_names=names, classes=[cls])
     if c is None:
         return r.skipped(f"no counters for class '{cls}'")
-    got = _rate_of_enough(r, c, True, f"'{cls}' ", "raise its share or run longer")
+    got = rate_of_enough(r, c, True, f"'{cls}' ", "raise its share or run longer")
     if isinstance(got, Check):
         return got
     rate, bad, denom = got
     ok = r.compare(rate)
     others = [n for n in d.class_names(result) if n != cls]
     oc = d.counters(result, stage_names=names, classes=others) if others else None
-    orate = _failure_rate(oc, True)[0] if oc else None
+    orate = failure_rate(oc, True)[0] if oc else None
     detail = (
         f"class '{cls}': {bad} of {denom} rejected or failed ({rate:.2%}) "
         f"{'<=' if ok else '>'} {float(r.threshold):.2%}"
