@@ -14,6 +14,9 @@ once the run is judged, the tab shows the judged document itself. While the run 
 check is **pending** — its value is what the run has measured so far, not a verdict;
 the verdict arrives when the run ends, from ``harness judge``.
 
+A session of several runs exits with the worst of them (``session_verdict``): a failed
+run is never hidden by a later run that passed.
+
 Cost: a snapshot is computed only when the tab asks, and at most once per
 ``max(LIVE_EVERY_S, last cost / CPU_BUDGET)`` seconds, so however large the run's samples
 grow (a long soak), the tab spends at most ``CPU_BUDGET`` of a core on the load
@@ -26,11 +29,12 @@ import contextlib
 import csv
 import io
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import HarnessError
+from harness import results
+from harness.errors import ExitCode, HarnessError
 from harness.load.lifecycle import COLLECTING, RunState
 
 if TYPE_CHECKING:
@@ -229,6 +233,119 @@ class LiveView:
                 }
             )
         return rows
+
+
+# a run's exit code (``harness judge``'s) as the verdict it stands for, from the one table
+# that maps the two (``ExitCode.for_verdict``); any other code (the judge could not read
+# the results, was killed, or never ended) stands for "invalid": nothing to trust
+_VERDICT_OF_CODE = {int(ExitCode.for_verdict(v)): v for v in results.VERDICTS}
+
+
+def session_verdict(runs: Sequence[Mapping[str, Any]]) -> tuple[ExitCode, str]:
+    """The exit code of a web UI session and the line that says which run decided it.
+
+    ``runs`` are the session's run records (``HarnessState.runs``: name, dir, scenario,
+    the exit code ``harness judge`` gave it). The code is the worst over every run, in
+    ``harness.finish.exit_code_for``'s order (a failure anywhere wins: 1; else invalid: 3;
+    else not judged: 4; else 0), so a run that failed is never hidden by a later one that
+    passed. The line names the first run with that verdict — its number, scenario and
+    start time, and what decided it (the failed checks, the validity reason, the checks not
+    judged) — then the other runs with the same verdict and, when it is another run, what
+    the last run gave: ``exit 1: run 1 of 3 (steady_state, 12:01:05) failed
+    steady.p99_ms; the last run passed``."""
+    from harness.finish import exit_code_for
+
+    if not runs:
+        raise ValueError("a session verdict needs at least one run")
+    verdicts = [_VERDICT_OF_CODE.get(_int_or_none(r.get("exit_code")), "invalid") for r in runs]
+    worst = results.combine_verdicts(verdicts)
+    code = exit_code_for({"verdict": worst})
+    n = len(runs)
+    if worst == "pass" and n > 1:
+        return code, f"exit {int(code)}: all {n} runs of the session passed"
+    first = verdicts.index(worst)
+    line = f"exit {int(code)}: {_run_said(runs[first], first, n, worst)}"
+    also = [str(i + 1) for i, v in enumerate(verdicts) if v == worst and i != first]
+    if also:
+        line += f"; also {_VERDICT_WORDS[worst]}: run{'s' if len(also) > 1 else ''} "
+        line += ", ".join(also)
+        if verdicts[-1] == worst:
+            line += " (the last)"
+    elif first != n - 1:
+        line += "; the last run " + _what(runs[-1], verdicts[-1], _judged_doc(runs[-1]))
+    return code, line
+
+
+_VERDICT_WORDS = {
+    "fail": "failed",
+    "invalid": "invalid",
+    "not_judged": "not judged",
+    "pass": "passed",
+}
+
+
+def _int_or_none(value: Any) -> int | None:
+    with contextlib.suppress(TypeError, ValueError):
+        return int(value)
+    return None
+
+
+def _judged_doc(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's judged results.json, None when it cannot be read."""
+    with contextlib.suppress(HarnessError, OSError, ValueError, TypeError):
+        return results.load_document(Path(run["dir"]) / "results.json")
+    return None
+
+
+def _run_said(run: Mapping[str, Any], i: int, n: int, verdict: str) -> str:
+    """``run 1 of 3 (steady_state, 12:01:05) failed steady.p99_ms``."""
+    doc = _judged_doc(run)
+    started = None
+    for sc in (doc or {}).get("scenarios") or []:
+        if sc.get("started_unix") is not None:
+            started = time.strftime("%H:%M:%S", time.localtime(float(sc["started_unix"])))
+            break
+    about = ", ".join(str(x) for x in (run.get("scenario"), started) if x)
+    return f"run {i + 1} of {n}" + (f" ({about})" if about else "") + " " + _what(run, verdict, doc)
+
+
+def _what(run: Mapping[str, Any], verdict: str, doc: Mapping[str, Any] | None) -> str:
+    """What decided one run's verdict, from its judged document (the judge's own line when
+    the document cannot be read)."""
+    said = str(run.get("line") or f"harness judge exited {run.get('exit_code')}")
+    if _int_or_none(run.get("exit_code")) not in _VERDICT_OF_CODE:
+        return f"was not judged to the end ({said})"
+    if doc is None:
+        return f"{_VERDICT_WORDS[verdict]} ({said})"
+    scs = doc.get("scenarios") or []
+    checks = [c for sc in scs for c in sc.get("checks") or []]
+    if verdict == "pass":
+        return "passed"
+    if verdict == "fail":
+        failed = [str(c["id"]) for c in checks if c.get("passed") is False]
+        return "failed " + ", ".join(dict.fromkeys(failed)) if failed else f"failed ({said})"
+    if verdict == "invalid":
+        reasons = [str(r) for sc in scs for r in sc.get("validity") or []]
+        if reasons:
+            more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+            return f"was invalid: {reasons[0]}{more}"
+        errors = [str(sc["error"].get("message")) for sc in scs if sc.get("error")]
+        if errors:
+            return f"was invalid: {errors[0]}"
+        if doc.get("partial"):
+            return "was invalid: stopped before its end (partial results)"
+        return f"was invalid ({said})"
+    # not judged: the defining checks left unjudged, else every check not judged
+    defining = {str(d) for sc in scs for d in sc.get("defined_by") or ()}
+    skipped = [str(c["id"]) for c in checks if c.get("passed") is None and not c.get("accepted")]
+    named = [cid for cid in skipped if cid in defining] or skipped
+    not_run = [str(e.get("name")) for e in doc.get("excluded") or [] if not e.get("optional")]
+    parts = []
+    if named:
+        parts.append("not judged: " + ", ".join(dict.fromkeys(named)))
+    if not_run:
+        parts.append("not run: " + ", ".join(not_run))
+    return "was not judged (" + "; ".join(parts or [said]) + ")"
 
 
 def _read_samples(samples_dir: Path) -> dict[str, Any] | None:

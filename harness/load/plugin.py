@@ -26,6 +26,7 @@ from harness.errors import ExitCode, HarnessError
 from harness.finish import PARENT_RENDERS_ENV, finish, verdict_line
 from harness.load.controller import JUDGE_TIMEOUT_S, HarnessState
 from harness.load.finalisation import FINALS_GRACE_S
+from harness.load.live import session_verdict
 from harness.load.options import add_options, options_from
 from harness.load.shape import ScenarioShape
 from harness.load.users import ClosedLoopUser, OpenLoopUser
@@ -143,13 +144,14 @@ def _on_quitting(environment: Any, **_: Any) -> None:
     elif state.finalising:
         # finalising on another greenlet (a SIGTERM while the workers' finals come in)
         state.wait_written(state.scenario.load.request_timeout_s + FINALS_GRACE_S + 30.0)
-    if state.web and (state.runs or state.judging is not None):
-        # started from the web UI: each run was judged when it ended (into its own
-        # directory); the process exits with the last run's code
-        last = state.wait_judged(JUDGE_TIMEOUT_S)
-        if last is not None and last.get("exit_code") is not None:
-            environment.process_exit_code = int(last["exit_code"])
-            return
+    # started from the web UI: each run was judged when it ended (into its own directory);
+    # the session exits with the worst of them (one run: its own code), said last at quit
+    started = state.web and (state.runs or state.judging is not None)
+    if started and state.wait_judged(JUDGE_TIMEOUT_S) is not None:
+        code, said = session_verdict(state.runs)
+        _said_at_quit.append(f"harness: {said}")
+        environment.process_exit_code = int(code)
+        return
     if state.exit_code == ExitCode.USAGE or not state.on_disk:
         # a usage error (already logged as one line), or nothing was measured
         environment.process_exit_code = int(
@@ -180,11 +182,20 @@ def _on_quitting(environment: Any, **_: Any) -> None:
     environment.process_exit_code = int(code)
 
 
+# the web UI session's verdict: logged at quit, after Locust's stats tables (which show
+# the last run only), so the session's last console line says which run decided its code
+_said_at_quit: list[str] = []
+
+
 @events.quit.add_listener
 def _on_quit(**_: Any) -> None:
     state = _state()
-    if state is not None:
-        state.shutdown()
+    try:
+        if state is not None:
+            state.shutdown()
+    finally:
+        while _said_at_quit:
+            log.warning(_said_at_quit.pop(0))
 
 
 _environments: list[Any] = []
