@@ -29,6 +29,8 @@ cross-wire in a few % of batches).
 | stall-respawn | GAP_S (1) | an event-loop stall > GAP_S starts a new model-worker pool, the old one left running |
 | no-drain | — | SIGTERM exits at once: accepted and in-flight requests are dropped |
 | exit-hang | — | a non-daemon thread never stops: after SIGTERM's drain the process never exits |
+| late-errors | AFTER_S[,P] (30,1) | from AFTER_S after ready, a request's model call fails with probability P: 500 |
+| batch-errors | MIN_BATCH (2) | every request of a batch of MIN_BATCH or more requests answered 500 |
 
 The last two differ in *shape* from the others, so the checks can be shown to catch
 defects they were not tuned on. ``late-leak`` is a leak that only shows once a cache
@@ -102,6 +104,18 @@ decode behind it, while the server's own queue and compute time stay as they wer
 ``reset-breaker`` is resilience middleware that counts a client's connection reset
 (ECONNRESET) as a backend failure: 20 within 5 s open its circuit breaker, and for OPEN_S
 (default 15 s) every inference is answered 503 — long after the network is back.
+
+The last two fail requests in a shape a check meant for something else would miss.
+``late-errors`` gives ``soak.error_rate`` its defect: a server that serves well, then stops
+(a credential that expires, a pool to a dependency that runs dry, a disk that fills): from
+AFTER_S after ready (on the server's injected clock, as ``late-leak``) each request's model
+call fails with probability P (default 1: every one), answered 500 like ``error-rate``'s,
+one draw per request from its own RNG seeded from ``--seed``. Its latency is the healthy
+one, so only counting the failures sees it. ``batch-errors`` gives ``integrity.failures``
+its defect: a batched code path that raises (a padding or concatenation bug) while batch 1
+works, so every request of a batch of MIN_BATCH or more requests is answered 500 and the
+golden outputs (fetched one request at a time) come back fine. The few answers that come,
+from batches of one, are all correct: ``integrity.mismatches`` has nothing to see.
 """
 
 from __future__ import annotations
@@ -156,6 +170,8 @@ FAULT_NAMES = (
     "reset-leak",
     "io-lock",
     "reset-breaker",
+    "late-errors",
+    "batch-errors",
 )
 
 FAULT_HELP = (
@@ -174,7 +190,10 @@ FAULT_HELP = (
     "left running), no-drain (SIGTERM exits at once), exit-hang (a non-daemon thread keeps the "
     "process alive after the drain), reset-leak (a socket leaked per client reset), io-lock "
     "(a global lock held across reading the request body), reset-breaker[:OPEN_S=15] (a circuit "
-    "breaker tripped by client connection resets, answering 503 for OPEN_S); details in "
+    "breaker tripped by client connection resets, answering 503 for OPEN_S), "
+    "late-errors[:AFTER_S[,P]=30,1] (from AFTER_S after ready, 500 with probability P), "
+    "batch-errors[:MIN_BATCH=2] (500 for every request of a batch of MIN_BATCH or more); "
+    "details in "
     "reference_server/faults.py"
 )
 
@@ -207,6 +226,8 @@ class FaultSet:
     reset_leak: bool = False  # one socket leaked per client connection reset
     io_lock: bool = False  # one lock held across reading every request body
     reset_breaker_open_s: float | None = None  # resets trip a breaker open for OPEN_S
+    late_errors: tuple[float, float] | None = None  # (after_s, p): 500s from AFTER_S on
+    batch_errors_min: int | None = None  # batches of this many requests or more: 500
 
     def names(self) -> list[str]:
         """Canonical ``NAME[:PARAM]`` strings of the active faults (in field order)."""
@@ -258,6 +279,7 @@ _ONE_NUMBER: dict[str, tuple[str, str, type, float, float | None, str]] = {
     "cold-errors": ("cold_errors", "10", int, 1, None, "N_REQUESTS, N >= 1"),
     "stall-trip": ("stall_trip_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "reset-breaker": ("reset_breaker_open_s", "15", float, 0.1, None, "OPEN_S with OPEN_S >= 0.1"),
+    "batch-errors": ("batch_errors_min", "2", int, 2, None, "MIN_BATCH, MIN_BATCH >= 2"),
     "stall-abandon": ("stall_abandon_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "stall-respawn": ("stall_respawn_gap_s", "1", float, 0.2, None, "GAP_S with GAP_S >= 0.2"),
     "backoff-batching": (
@@ -312,6 +334,12 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
             what = "late-leak:BYTES_PER_REQUEST[,AFTER_S] with BYTES >= 1 and AFTER_S >= 0"
             nbytes, after = _pair(spec, param, ("4096", "30"), (int, float), what)
             kw["late_leak"] = (int(nbytes), after)
+        elif name == "late-errors":
+            what = "late-errors:AFTER_S[,P] with AFTER_S >= 0 and 0 <= P <= 1"
+            after, p = _pair(spec, param, ("30", "1"), (float, float), what)
+            if p > 1:
+                raise _bad(spec, what)
+            kw["late_errors"] = (after, p)
         elif name == "stall":
             what = "stall:PERIOD_S,HOLD_S with 0 < HOLD_S < PERIOD_S"
             period, hold = _pair(spec, param or "10,0.5", ("10", None), (float, float), what)
@@ -326,7 +354,8 @@ def parse_faults(specs: Iterable[str]) -> FaultSet:
 
 
 class ModelFault(Exception):
-    """error-rate: the model failed for this one request (a planted defect)."""
+    """error-rate, late-errors, batch-errors: the model failed for this request (a planted
+    defect)."""
 
 
 class FaultRuntime:
@@ -360,6 +389,8 @@ class FaultRuntime:
         self._last_output: np.ndarray | None = None
         self.stale_answers = 0
         self._error_rng = random.Random(f"error-rate:{seed}")
+        self._late_error_rng = random.Random(f"late-errors:{seed}")
+        self._late_erring = False
         self.failed_answers = 0
         # serialize: one lock for every model worker of the process (the defect).
         self._model_lock = threading.Lock()
@@ -445,15 +476,29 @@ class FaultRuntime:
         if f.leak_fds_every is not None and n % f.leak_fds_every == 0:
             self._leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
 
+    def _late_errors_due(self, after_s: float) -> bool:
+        if self._late_erring:
+            return True
+        if self._ready_at is None or self._now() - self._ready_at < after_s:
+            return False
+        self._late_erring = True
+        log.warning("FAULT late-errors: failing requests from now on (%.1f s after ready)", after_s)
+        return True
+
     @property
     def rewrites_outputs(self) -> bool:
         """Whether ``after_batch`` has anything to do (the batcher skips it otherwise)."""
-        return self.faults.stale_output_p is not None or self.faults.error_rate_p is not None
+        f = self.faults
+        return any(
+            x is not None
+            for x in (f.stale_output_p, f.error_rate_p, f.late_errors, f.batch_errors_min)
+        )
 
     def after_batch(self, outputs: list[np.ndarray | Exception]) -> None:
         """Called with each completed batch's per-request outputs (in order, on the event
         loop); replaces some of them in place before they are answered: with an earlier
-        batch's output (stale-output) or with a ModelFault to answer instead (error-rate)."""
+        batch's output (stale-output) or with a ModelFault to answer instead (error-rate,
+        late-errors, batch-errors)."""
         if not outputs:
             return
         if self.faults.stale_output_p is not None:
@@ -468,6 +513,23 @@ class FaultRuntime:
                         f"of a batch of {len(outputs)}"
                     )
                     self.failed_answers += 1
+        late = self.faults.late_errors
+        if late is not None and self._late_errors_due(late[0]):
+            for i in range(len(outputs)):
+                # one draw per request (none at P = 1): reproducible from the seed
+                if late[1] >= 1.0 or self._late_error_rng.random() < late[1]:
+                    outputs[i] = ModelFault(
+                        f"injected fault late-errors:{late[0]:g},{late[1]:g} failed request "
+                        f"{i + 1} of a batch of {len(outputs)}"
+                    )
+                    self.failed_answers += 1
+        least = self.faults.batch_errors_min
+        if least is not None and len(outputs) >= least:
+            for i in range(len(outputs)):
+                outputs[i] = ModelFault(
+                    f"injected fault batch-errors:{least} failed a batch of {len(outputs)} requests"
+                )
+                self.failed_answers += 1
 
     def _stale(self, p: float, outputs: list[np.ndarray | Exception]) -> None:
         # The slot is refreshed only once a whole batch is done, so it always holds a

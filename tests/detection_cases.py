@@ -385,7 +385,39 @@ CASES: tuple[DetectionCase, ...] = (
         why="generalisation: a mix-up *across* batches (a wrongly keyed response cache), "
         "not the within-batch swap the check was written against",
     ),
+    DetectionCase(
+        name="batch-errors",
+        defect="every batch of two or more requests answered 500 (the batched path raises)",
+        scenario="integrity",
+        check="integrity.failures",
+        pin_capacity=True,
+        fault="batch-errors:2",
+        why="a batched code path that raises while batch 1 works: the golden outputs "
+        "(fetched one request at a time) come back, the load's batches fail, and the few "
+        "lone requests that are answered are all correct, so integrity.mismatches passes on "
+        "them (an independent server answering 500 to every batch of 2 or more: 6,682 "
+        "failed, 1,615 verified, mismatches PASS). The share of the requests meant to be "
+        "verified that got no answer is what fails it",
+    ),
     # --- soak (sized per minute from the healthy capacity) -----------------------------
+    DetectionCase(
+        name="late-errors",
+        defect="every request answered 500 from about half-time (a server that stops serving)",
+        scenario="soak",
+        check="soak.error_rate",
+        also_checks=("soak.latency_drift",),
+        fault="late-errors:20",
+        pin_capacity=True,
+        duration_s=40,
+        why="a server that serves well, then fails everything (a credential that expires, "
+        "a pool to a dependency that runs dry): from 20 s after ready, about half-way "
+        "through a 40 s soak, every model call fails, answered 500 as fast as a success. "
+        "No latency of a success moves and nothing leaks; an independent server answering "
+        "503 from 35 s passed the soak with 43,879 of 82,830 requests failed. The error "
+        "rate fails over the whole soak and per window, and the drift, reading every "
+        "request, sees the last third's windows fail (a p99 that is a failure). 40 s as "
+        "the thread and fd leak cases: the three trends are judged on its twin",
+    ),
     DetectionCase(
         name="leak-memory",
         defect="memory leak of 5 MiB/min",
