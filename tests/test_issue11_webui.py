@@ -263,9 +263,11 @@ def _locust(*args: str, log: Path) -> subprocess.Popen:
 def test_issue11_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_tab(
     browser: Any, tmp_path: Path
 ) -> None:
-    """Standalone: run 1 healthy (PASS), run 2 with a cross-wiring server named in the
-    start form (FAIL on integrity.mismatches in the tab before Locust quits); each run
-    in its own directory with the four outputs; the tab equals results.json."""
+    """Standalone: run 1 with a cross-wiring server named in the start form (FAIL on
+    integrity.mismatches in the tab before Locust quits), run 2 healthy (PASS); each run
+    in its own directory with the four outputs; the tab equals results.json. The session
+    exits 1 — the worst of its runs, not the last one's 0 — and its last console line
+    names run 1 as the run that decided it."""
     port, out = _free_port(), tmp_path / "out"
     proc = _locust(
         "--web-host", "127.0.0.1", "--web-port", str(port),
@@ -277,29 +279,40 @@ def test_issue11_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_
         url = f"http://127.0.0.1:{port}/"
         _wait_http(url)
         ui = Ui(browser, url, tmp_path)
-        doc = _first_run_passes(ui, out)
-
-        ui.new_run()
+        ui.open()
         ui.fill(duration=RUN_S, sutCmd=SERVER + " --fault cross-wire:0.03")
         ui.start()
-        ui.away_while_measuring(out / "run-2")
-        rows = ui.verdict_of("run-2")
+        ui.away_while_measuring(out / "run-1")
+        rows = ui.verdict_of("run-1")
         assert proc.poll() is None  # decided while Locust still runs
-        doc = _assert_tab_equals_results(rows, out / "run-2")
+        doc = _assert_tab_equals_results(rows, out / "run-1")
         mism = next(r for r in rows["check"] if r["name"] == "integrity.mismatches")
         judged = next(c for c in doc["scenarios"][0]["checks"] if c["id"] == "integrity.mismatches")
         assert mism["state"] == "FAIL" and judged["value"] > 0, (mism, judged)
         assert "cross-wire" in doc["sut"]["cmd"]  # the form's command ran, not the CLI's
+
+        ui.new_run()
+        ui.fill(duration=RUN_S, sutCmd=SERVER)
+        ui.start()
+        ui.away_while_measuring(out / "run-2")
+        rows = ui.verdict_of("run-2")
+        doc = _assert_tab_equals_results(rows, out / "run-2")
+        assert doc["verdict"] == "pass", (out / "run-2" / "summary.md").read_text()
+        assert "cross-wire" not in doc["sut"]["cmd"]  # the form's new command replaced it
         for run in ("run-1", "run-2"):
             assert all((out / run / f).is_file() for f in FOUR), sorted(os.listdir(out / run))
         listed = {r["name"]: r["state"] for r in rows["runs"]}
-        assert listed == {"run-1": "PASS", "run-2": "FAIL"}, rows["runs"]
+        assert listed == {"run-1": "FAIL", "run-2": "PASS"}, rows["runs"]
         # the UI serves each run's outputs
-        served = urllib.request.urlopen(url + "harness/runs/run-2/summary.md").read().decode()
+        served = urllib.request.urlopen(url + "harness/runs/run-1/summary.md").read().decode()
         assert "integrity.mismatches" in served and "FAIL" in served
     finally:
         stop(proc)
-    assert proc.returncode == 1, (tmp_path / "locust.log").read_text()[-3000:]  # run-2 failed
+    log = (tmp_path / "locust.log").read_text()
+    assert proc.returncode == 1, log[-3000:]  # run 1 failed; the last run passed
+    last = log.rstrip().splitlines()[-1]
+    assert "harness: exit 1: run 1 of 2 (integrity, " in last, log[-3000:]
+    assert "integrity.mismatches" in last and last.endswith("; the last run passed"), last
 
 
 def test_issue11_ui_on_a_distributed_master_judges_with_its_worker(
