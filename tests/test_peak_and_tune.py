@@ -968,16 +968,20 @@ def test_mixed_outcomes_at_the_lowest_rate_step_down_by_the_tolerance_not_halve(
 
 _H2H_SEARCHES = {
     # tune19's tune 1: the default held 510.6 req/s in three server lifetimes ...
-    "mb=32,d=5": [(510.6, "met", 1), (645.0, "missed", 1), (510.6, "met", 2),
-                  (645.0, "missed", 2), (510.6, "met", 3), (645.0, "missed", 3)],
+    "mb=32,d=5": [(510.6, "met", 1), (645.0, "missed", 1), (560.0, "missed", 1),
+                  (510.6, "met", 2), (560.0, "missed", 2), (645.0, "missed", 2),
+                  (510.6, "met", 3), (560.0, "missed", 3), (645.0, "missed", 3)],
     # ... and 32/20/1, measured in slow minutes, missed 449.3 in all three of its own
-    "mb=32,d=20": [(306.4, "met", 1), (449.3, "missed", 1), (306.4, "met", 2),
-                   (449.3, "missed", 2), (306.4, "met", 3), (449.3, "missed", 3)],
+    "mb=32,d=20": [(306.4, "met", 1), (449.3, "missed", 1), (420.0, "met", 1),
+                   (306.4, "met", 2), (420.0, "met", 2), (449.3, "missed", 2),
+                   (306.4, "met", 3), (420.0, "met", 3), (449.3, "missed", 3)],
     # far below both (2 x): a dominated direction, no head to head
-    "mb=8,d=5": [(204.2, "met", 1), (255.3, "missed", 1), (204.2, "met", 2),
-                 (255.3, "missed", 2), (204.2, "met", 3), (255.3, "missed", 3)],
-    "mb=8,d=20": [(214.2, "met", 1), (293.2, "missed", 1), (214.2, "met", 2),
-                  (293.2, "missed", 2), (214.2, "met", 3), (293.2, "missed", 3)],
+    "mb=8,d=5": [(204.2, "met", 1), (255.3, "missed", 1), (235.0, "met", 1),
+                 (204.2, "met", 2), (235.0, "met", 2), (255.3, "missed", 2),
+                 (204.2, "met", 3), (235.0, "met", 3), (255.3, "missed", 3)],
+    "mb=8,d=20": [(214.2, "met", 1), (293.2, "missed", 1), (270.0, "met", 1),
+                  (214.2, "met", 2), (270.0, "met", 2), (293.2, "missed", 2),
+                  (214.2, "met", 3), (270.0, "met", 3), (293.2, "missed", 3)],
 }  # fmt: skip
 
 
@@ -1076,7 +1080,7 @@ def test_a_close_separation_that_is_real_stands_head_to_head(tmp_path) -> None:
     assert h2h["stands"] and h2h["rounds_reproduced"] == 3
     # the rounds' points joined the evidence, each stamped with its own server lifetime
     row = next(r for r in summary["ranked"] if r["key"] == "mb=32,d=20")
-    assert row["lifetimes"] == 6 and row["n_points"] == 9
+    assert row["lifetimes"] == 6 and row["n_points"] == 12
 
 
 _SLOW_NOW = {"mb=32,d=5": 560.0, "mb=32,d=20": 420.0}  # the separation is real

@@ -38,6 +38,14 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
     pk = peak.get("peak_rps", est.get("peak_rps"))
     slo = peak.get("slo_p99_ms")
     limit = est.get("limit")
+    if limit == "server_exit":
+        held = f"; it had met the SLO in every repeat up to {lo:.1f} req/s" if lo else ""
+        n = len(peak.get("points") or [])
+        return (
+            f"FAILED: {est.get('note')}{held}. A server that dies under load has no peak, "
+            f"whatever it held below; the {n} point{'s' if n != 1 else ''} measured are in "
+            "the report."
+        )
     if limit == "none_met":
         return (
             f"No measured rate met the SLO (p99 <= {slo:g} ms over all requests): {est.get('note')}"
@@ -345,21 +353,52 @@ def _resolution(tune: Mapping[str, Any]) -> str:
 
 
 def tune_sentence(tune: Mapping[str, Any]) -> str:
+    """The tune's answer in one sentence: the recommendation (or why there is none), what
+    the winner's quick checklist said, and every configuration that failed or was not
+    measured."""
+    from harness.peak.tune import FAILED, MEASURED, NOT_MEASURED, status, verdict_of
+
     if tune.get("interrupted"):
         return (
             f"Interrupted after {tune.get('measured', 0)} of {tune.get('space_size', '?')} "
             "configurations: no recommendation (the search did not finish); the same command "
             "resumes from tune_state.json."
         )
-    rec = tune.get("recommended")
-    if not rec:
-        if any(r.get("peak_rps") is None for r in tune.get("ranked") or []):
-            return (
-                "No recommendation: no configuration measured met the SLO, and some could "
-                "not be measured at all (every point invalid)."
+    ranked = tune.get("ranked") or []
+    verdict, left_open = verdict_of(tune)
+    tail = _unranked_tail(ranked, left_open)
+    if not any(status(r) == MEASURED for r in ranked):
+        word = "FAILED" if verdict == "fail" else "INVALID"
+        return f"{word}: no configuration was measured, nothing to recommend{tail}."
+    fastest = tune.get("fastest", tune.get("recommended"))
+    if not fastest:
+        return f"No configuration met the SLO at any rate measured: nothing to recommend{tail}."
+    top = next(r for r in ranked if r["key"] == fastest)
+    chk = tune.get("checklist") or {}
+    if chk.get("verdict") == "fail":
+        checks = ", ".join(chk.get("failed_checks") or [])
+        nxt = next(
+            (
+                r
+                for r in ranked
+                if r["key"] != fastest and status(r) == MEASURED and r.get("peak_rps")
+            ),
+            None,
+        )
+        return (
+            f"FAILED: {fastest}, the fastest configuration measured (peak "
+            f"{top['peak_rps']:.1f} req/s under the SLO), failed its quick checklist"
+            + (f" ({checks})" if checks else "")
+            + ": not recommended. Nothing is recommended"
+            + (
+                f": the next one, {nxt['key']} (peak {float(nxt['peak_rps']):.1f} req/s), was "
+                "not checked"
+                if nxt
+                else ""
             )
-        return "No configuration met the SLO at any rate measured: nothing to recommend."
-    top = (tune.get("ranked") or [{}])[0]
+            + f"{tail}."
+        )
+    rec = tune.get("recommended")
     text = f"Recommended: {rec} — peak {top['peak_rps']:.1f} req/s under the SLO"
     tied = tune.get("tied_with_recommended") or []
     dflt = tune.get("default")
@@ -377,12 +416,12 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
             f", {tune['margin_over_default']:+.0%} over the default ({dflt}, which missed the "
             f"SLO from a rate {_resolution(tune)}below one a better-ranked configuration held)"
         )
-    else:
+    elif any(r["key"] == dflt and status(r) == MEASURED for r in ranked):
         text += f"; the default ({dflt}) met the SLO at no rate measured"
     if tune.get("margin_over_worst") is not None:
         from harness.peak.tune import met_once
 
-        zero = [r for r in tune.get("ranked") or [] if r.get("peak_rps") == 0.0]
+        zero = [r for r in ranked if r.get("peak_rps") == 0.0]
         # met nowhere, or met somewhere but missed at least once at every rate it measured
         # (its repeats disagreed): not the same statement
         none_met = [r["key"] for r in zero if not met_once(r)]
@@ -404,13 +443,52 @@ def tune_sentence(tune: Mapping[str, Any]) -> str:
             "it); the recommendation is the higher peak, or within the tolerance the lower "
             "CPU ms/request"
         )
-    lost = [r["key"] for r in tune.get("ranked") or [] if r.get("peak_rps") is None]
-    if lost:
+    text += _checklist_clause(tune)
+    if left_open:
         text += (
-            f". NOT a full answer: {len(lost)} configuration(s) could not be measured (every "
-            f"point invalid — the box or the load generator was the limit): {', '.join(lost)}"
+            f". NOT a full answer: {', '.join(left_open)} could not be measured and "
+            f"{'was' if len(left_open) == 1 else 'were'} not measured worse than the "
+            "recommendation, which is only the best of the rest"
         )
-    return text + "."
+    lost = [r for r in ranked if status(r) in (FAILED, NOT_MEASURED)]
+    return text + (tail if lost else "") + "."
+
+
+def _checklist_clause(tune: Mapping[str, Any]) -> str:
+    chk = tune.get("checklist")
+    if not chk:
+        if tune.get("checklist_skipped"):
+            return (
+                f". Its quick checklist was not run ({tune['checklist_skipped']}): the "
+                "recommendation is the fastest measured, not checked for leaks or failures"
+            )
+        return ""
+    verdict = chk.get("verdict")
+    if verdict == "pass":
+        return ". Its quick checklist passed"
+    what = {"invalid": "INVALID", "not_judged": "NOT JUDGED (it judged nothing)"}
+    return (
+        f". Its quick checklist was {what.get(str(verdict), str(verdict))}: the "
+        "recommendation is unconfirmed"
+    )
+
+
+def _unranked_tail(ranked: Sequence[Mapping[str, Any]], left_open: Sequence[str]) -> str:
+    """ ". Failed (never recommended): k — crashed at …; not measured: k — its budget …" """
+    from harness.peak.tune import FAILED, NOT_MEASURED, status
+
+    bad = [f"{r['key']} ({r.get('status_reason')})" for r in ranked if status(r) == FAILED]
+    lost = [
+        f"{r['key']} ({r.get('status_reason') or 'every point invalid'})"
+        for r in ranked
+        if status(r) == NOT_MEASURED
+    ]
+    out = ""
+    if bad:
+        out += f". Failed, never recommended: {'; '.join(bad)}"
+    if lost:
+        out += f". Not measured, never ranked: {'; '.join(lost)}"
+    return out
 
 
 _TUNE_HEAD = [
@@ -427,7 +505,7 @@ _TUNE_HEAD = [
 
 
 def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
-    from harness.peak.tune import evidence
+    from harness.peak.tune import MEASURED, evidence, status
 
     rows = []
     front = set(tune.get("pareto") or [])
@@ -439,13 +517,23 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
         note = []
         if r["key"] == tune.get("recommended"):
             note.append("recommended")
+        elif r["key"] == tune.get("fastest"):
+            note.append("fastest; NOT recommended: its quick checklist failed")
         if r["key"] == tune.get("default"):
             note.append("default")
         if r["key"] in front:
             note.append("Pareto")
-        if r.get("limit") not in ("slo", None):
-            note.append(f"limit: {r.get('limit')} ({r.get('stopped')})")
+        st = status(r)
         held, missed_from = evidence(r)
+        if st != MEASURED:
+            seen = (
+                f"; met up to {_n(held)}, missed from {_n(missed_from)}" if r.get("points") else ""
+            )
+            note.append(
+                f"{st.replace('_', ' ')}: {r.get('status_reason') or 'every point invalid'}{seen}"
+            )
+        elif r.get("limit") not in ("slo", None):
+            note.append(f"limit: {r.get('limit')} ({r.get('stopped')})")
         if r.get("peak_rps") is not None and (
             _n(held or 0.0) != _n(r.get("peak_rps")) or _n(missed_from) != _n(r.get("upper_rps"))
         ):
@@ -457,7 +545,7 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
             [
                 label,
                 r["key"],
-                "not measured" if r.get("peak_rps") is None else _n(r.get("peak_rps")),
+                st.replace("_", " ") if st != MEASURED else _n(r.get("peak_rps")),
                 _n(r.get("upper_rps")),
                 f"{_n(r.get('p50_at_peak_ms'))} / {_n(r.get('p99_at_peak_ms'))}",
                 _n(r.get("cpu_ms_per_request"), 2),
@@ -478,7 +566,7 @@ def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
         f"Objective: {tune['objective']}.",
         f"Search: {tune['mode']} over {tune['space_size']} configurations of "
         f"`{tune['template']}` ({space}); "
-        f"{tune['measured']} measured, {len(tune.get('pruned') or [])} not measured (below), "
+        f"{_searched(ranked)}, {len(tune.get('pruned') or [])} not searched (below), "
         f"in {tune['elapsed_s']:.0f} s"
         + (" (resumed from its state file)" if tune.get("resumed") else "")
         + ".",
@@ -494,6 +582,17 @@ def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
         + ". *Peak* is the highest rate that met the SLO below every rate that missed it; "
         "CPU and RSS are the server's at that rate.",
     ]
+
+
+def _searched(ranked: Sequence[Mapping[str, Any]]) -> str:
+    """ "5 searched (3 measured, 1 failed, 1 not measured)" """
+    from harness.peak.tune import FAILED, MEASURED, NOT_MEASURED, status
+
+    n = {s: sum(1 for r in ranked if status(r) == s) for s in (MEASURED, FAILED, NOT_MEASURED)}
+    parts = [f"{n[MEASURED]} measured"]
+    parts += [f"{n[FAILED]} failed"] if n[FAILED] else []
+    parts += [f"{n[NOT_MEASURED]} not measured"] if n[NOT_MEASURED] else []
+    return f"{len(ranked)} searched ({', '.join(parts)})"
 
 
 _H2H_INTRO = (
@@ -523,7 +622,7 @@ def tune_markdown(doc: Mapping[str, Any]) -> str:
         lines += ["```", tune["recommended_cmd"], "```", ""]
     lines += _tune_intro(tune) + ["", "## Ranking", "", _md_table(_TUNE_HEAD, _tune_rows(tune))]
     if tune.get("pruned"):
-        lines += ["", "## Not measured", ""]
+        lines += ["", "## Not searched", ""]
         lines += [f"- {p['key']}: {p['reason']}" for p in tune["pruned"]]
     if tune.get("head_to_head"):
         lines += ["", "## Head to head", "", _H2H_INTRO, ""]
@@ -589,7 +688,7 @@ def tune_html(doc: Mapping[str, Any]) -> str:
         f"<p class='lead'>{html.escape(tune_sentence(tune))}</p>{cmd}"
         + "".join(f"<p>{html.escape(x)}</p>" for x in _tune_intro(tune))
         + f"{img}<h2>Ranking</h2>{_html_table(_TUNE_HEAD, _tune_rows(tune))}"
-        + (f"<h2>Not measured</h2><ul>{pruned}</ul>" if pruned else "")
+        + (f"<h2>Not searched</h2><ul>{pruned}</ul>" if pruned else "")
         + (
             f"<h2>Head to head</h2><p>{html.escape(_H2H_INTRO)}</p><ul>"
             + "".join(f"<li>{html.escape(x)}</li>" for x in head_to_head_lines(tune))

@@ -11,7 +11,9 @@ lag, sampler coverage) — an invalid run is a limit of the load generator, not 
 server. The server is started once and kept running between points (its pid is given
 to each run, so the sampler and the validity rules see it); a guard process
 (``harness.sut_guard``, started by ``SutProcess``) stops it if this process dies, SIGKILL
-included.
+included. A server that dies during a point — its process exits, or the point's run
+records that it exited or stopped answering — ends the search as a failure (exit 1), the
+cause and the rate in its answer, the points measured so far written.
 
 The first point, unless ``--start-rps`` is given, is half of the harness's capacity
 probe (the scenario's rate is "0.5x", so the run calibrates as every relative scenario
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -179,14 +182,20 @@ def classify(sc: Mapping[str, Any], cfg: PeakConfig, run_dir: str | None = None)
     within = ok - count_above_ms(hist, cfg.slo_p99_ms) if ok else 0
     checks = {ch.get("id"): ch for ch in sc.get("checks") or []}
     reasons: list[str] = [str(r) for r in sc.get("validity") or []]
-    if sc.get("error") and not reasons:
-        err = sc["error"]
+    err = sc.get("error") or {}
+    if err and not reasons:
         reasons.append(f"{err.get('type')}: {err.get('message')}")
+    server_exit = None
     if sc.get("sut_exit"):
         reasons.append(f"the server exited: {sc['sut_exit'].get('cause')}")
+        server_exit = exit_text(sc["sut_exit"].get("exit_code"))
+    elif err.get("type") == "TargetUnavailable":
+        # the run could not reach the server: it is gone or hung, not the load generator
+        first = str(err.get("message") or "").splitlines()[:1]
+        server_exit = "the server did not answer" + (f" ({first[0][:200]})" if first else "")
     outcome: str
-    if sc.get("sut_exit"):
-        outcome = "missed"
+    if server_exit is not None:
+        outcome = "missed"  # a server that died did not sustain the rate
     elif reasons or not checks:
         outcome = "invalid"
         if not reasons:
@@ -214,8 +223,33 @@ def classify(sc: Mapping[str, Any], cfg: PeakConfig, run_dir: str | None = None)
         reasons=tuple(reasons),
         run_dir=run_dir,
         capacity_rps=sc.get("capacity_rps") if sc.get("calibration") else None,
+        server_exit=server_exit,
         **_server_cost(sc, stage, ok),
     )
+
+
+def exit_text(code: int | None) -> str:
+    """How a server process ended, for a sentence: "the server exited (code 1)", "the
+    server exited (signal 9, SIGKILL)"; "the server exited" when its code is unknown (a
+    server the harness did not start)."""
+    if code is None:
+        return "the server exited"
+    if code < 0:
+        try:
+            name = f", {signal.Signals(-code).name}"
+        except ValueError:
+            name = ""
+        return f"the server exited (signal {-code}{name})"
+    return f"the server exited (code {code})"
+
+
+# the start of every server-gone cause (``exit_text`` and ``classify``'s "did not answer")
+SERVER_GONE = ("the server exited", "the server did not answer")
+
+
+def server_gone(why: str | None) -> bool:
+    """Whether a search stopped because its server died (``search``'s ``why``)."""
+    return bool(why) and str(why).startswith(SERVER_GONE)
 
 
 def _server_cost(sc: Mapping[str, Any], stage: Mapping[str, Any], ok: int) -> dict[str, Any]:
@@ -290,8 +324,9 @@ class ManagedServer:
     def pid(self) -> int:
         return self.proc.pid
 
-    def alive(self) -> bool:
-        return self.proc.alive()
+    def gone(self) -> str | None:
+        """None while the server runs; once it has exited, how (``exit_text``)."""
+        return None if self.proc.alive() else exit_text(self.proc.returncode)
 
 
 # --- one search ---------------------------------------------------------------------------
@@ -354,11 +389,14 @@ def search(
     show: Callable[[str], None] = print,
     points: list[Point] | None = None,
     on_point: Callable[[Point], None] | None = None,
-    alive: Callable[[], bool] = lambda: True,
+    gone: Callable[[], str | None] = lambda: None,
     lifetime: int | None = None,
 ) -> tuple[PeakSearch, str]:
     """Measure points until the search stops; returns the search and why it stopped.
     ``points``: already measured (a resumed search); ``on_point``: called after each.
+    ``gone``: None while the server runs, else how it ended (``ManagedServer.gone``); a
+    point during which the server died (``gone``, or the run's own record of it) carries
+    the cause (``Point.server_exit``) and the search stops there: a failure, not a limit.
 
     ``lifetime``: the server's lifetime number, stamped on every point measured; the
     search then stops with ``NEW_LIFETIME`` before measuring a rate again that this
@@ -378,8 +416,9 @@ def search(
             if interrupt.requested:
                 why = "interrupted"
                 break
-            if not alive():
-                why = "the server exited"
+            cause = gone()
+            if cause is not None:  # died before this point began (no point to blame)
+                why = f"{cause} before point {len(s.points) + 1}"
                 break
             if start is None:
                 rate: float | None = None  # the first point calibrates: "0.5x"
@@ -397,6 +436,17 @@ def search(
             p = run_point(cfg, target, out_dir / "points", index, rate, longer, _quiet, interrupt)
             if lifetime is not None:
                 p = replace(p, lifetime=lifetime)
+            # the server's own exit status says more than the run's record of it (a server
+            # gone with a Ctrl-C is the user's stop, not a crash)
+            cause = None if interrupt.requested else (gone() or p.server_exit)
+            if cause is not None:
+                p = replace(p, outcome="missed", server_exit=cause)
+                s.record(p)
+                if on_point is not None:
+                    on_point(p)
+                show(_point_line(index, p, cfg))
+                why = s.next_step().why
+                break
             if start is None:
                 if p.capacity_rps or p.rate_rps > 0:
                     # half the probe (or of a capacity pinned with --capacity-rps)
@@ -451,7 +501,9 @@ def _point_line(index: int, p: Point, cfg: PeakConfig) -> str:
         f"  point {index:2d}: {p.rate_rps:8.1f} req/s  {p.outcome.upper():<12} "
         f"p99 {p99} (SLO {cfg.slo_p99_ms:g} ms)  errors {err}  n={p.n}"
     )
-    if p.outcome in ("invalid", "insufficient") and p.reasons:
+    if p.server_exit:
+        line += f"\n      {p.server_exit}"
+    elif p.outcome in ("invalid", "insufficient") and p.reasons:
         line += f"\n      {p.reasons[0][:200]}"
     return line
 
@@ -465,8 +517,10 @@ def summarize(
 ) -> dict[str, Any]:
     """The ``peak`` section of results.json."""
     est: Estimate = s.estimate()
-    if why == "interrupted" or why == "the server exited":
+    if why == "interrupted":
         est = replace(est, limit="budget", note=why)
+    elif server_gone(why) and est.limit != "server_exit":  # died between two points
+        est = replace(est, peak_rps=None, confidence=0.0, limit="server_exit", note=why)
     curve = sorted(
         (p.as_dict() for p in s.points if p.outcome != "invalid"), key=lambda d: d["rate_rps"]
     )
@@ -534,12 +588,13 @@ def headline_peak(
 
 
 def exit_code(peak: Mapping[str, Any]) -> ExitCode:
-    """0: a peak with its interval; 1: no rate met the SLO; 3: the generator (not the
-    server) set the limit or the search stopped before it had an answer."""
+    """0: a peak with its interval; 1: no rate met the SLO, or the server died during a
+    point (exited, or stopped answering); 3: the generator (not the server) set the limit
+    or the search stopped before it had an answer."""
     limit = (peak.get("estimate") or {}).get("limit")
     if limit == "slo" and peak.get("peak_rps"):
         return ExitCode.PASS
-    if limit == "none_met":
+    if limit in ("none_met", "server_exit"):
         return ExitCode.FAIL
     return ExitCode.INVALID
 
@@ -583,8 +638,10 @@ def target_for(
     model: str | None,
     log_path: Path,
     extra_args: tuple[str, ...] = (),
-) -> Iterator[tuple[Target, Callable[[], bool], dict[str, Any]]]:
-    """The server the points go to: started here (kept between points) or the user's."""
+) -> Iterator[tuple[Target, Callable[[], str | None], dict[str, Any]]]:
+    """The server the points go to, started here (kept between points) or the user's:
+    (where the points go, ``gone`` — None while the server runs, else how it ended; always
+    None for the user's server, whose death a point's run records — and its description)."""
     if sut_cmd is not None:
         check_sut_cmd(sut_cmd)
         from harness.acceptance import core_split
@@ -593,12 +650,12 @@ def target_for(
         with ManagedServer(sut_cmd, cores=sut_cores, log_path=log_path) as server:
             desc = {**server.proc.describe(), "time_to_ready_s": server.time_to_ready_s}
             loadgen = split[1] if split is not None else None
-            yield Target(server.url, server.pid, model, extra_args, loadgen), server.alive, desc
+            yield Target(server.url, server.pid, model, extra_args, loadgen), server.gone, desc
         return
     assert url is not None
     yield (
         Target(url, sut_pid, model, extra_args),
-        lambda: True,
+        lambda: None,  # not ours to watch: a point's run records a server that died
         {"target": url, "pid": sut_pid, "cmd": None},
     )
 
@@ -682,9 +739,9 @@ def _one_search(
 ) -> tuple[PeakSearch, str, dict[str, Any]]:
     """One search on the server ``where`` names (started for it, stopped after it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with target_for(**where, log_path=out_dir / "server.log") as (target, alive, sut_desc):
+    with target_for(**where, log_path=out_dir / "server.log") as (target, gone, sut_desc):
         show(f"  server {target.url}" + (f" (pid {target.pid})" if target.pid else ""))
-        s, why = search(cfg, target, out_dir, show, alive=alive)
+        s, why = search(cfg, target, out_dir, show, gone=gone)
     return s, why, sut_desc
 
 

@@ -34,6 +34,9 @@ search treats an insufficient point as not earned (measured again once at double
 length, then a miss), and an invalid one as no information (measured up to
 ``INVALID_TRIES`` times; a bisection midpoint that stays invalid is sidestepped when a
 higher rate was valid, otherwise the search stops with the generator as the limit).
+A point during which the server died (its process exited, or it stopped answering) is
+missed and carries the cause (``server_exit``): the search stops there for good — a
+server that crashes under load has failed, whatever the rates below it held.
 
 Everything here is a function of the points measured so far, so a search is resumed by
 feeding it the points a killed run had already recorded.
@@ -90,6 +93,8 @@ class Point:
     rss_mib: float | None = None  # the server's largest RSS during the point
     # which server lifetime of the search measured it (1, 2, …; None: one lifetime only)
     lifetime: int | None = None
+    # the server died during this point: how ("the server exited (signal 9, SIGKILL)")
+    server_exit: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -248,7 +253,8 @@ class Step:
     why: str
     longer: bool = False
     # why it stopped: found (the edge, within tolerance / repeats), none_met, max_rps,
-    # budget (points spent), generator (a rate the generator could not offer)
+    # budget (points spent), generator (a rate the generator could not offer),
+    # server_exit (the server died during a point)
     stop: str | None = None
 
 
@@ -260,7 +266,11 @@ class Estimate:
     high_rps: float | None  # U: missed it in every repeat
     peak_rps: float | None  # midpoint of [L, U]; L alone when U is unknown
     confidence: float  # nominal, 0 when the repeats did not complete (edge_confidence)
-    limit: Literal["slo", "generator", "none_met", "max_rps", "budget"] | None
+    # slo: the server's edge, found; none_met: no rate met the SLO (a verdict);
+    # server_exit: the server died during a point (a failure); generator, max_rps, budget:
+    # the search was stopped by the load generator, its ceiling or its point budget — no
+    # answer about the server
+    limit: Literal["slo", "generator", "none_met", "max_rps", "budget", "server_exit"] | None
     mixed_rps: tuple[float, ...] = ()  # rates whose repeats disagreed
     note: str = ""
 
@@ -283,6 +293,9 @@ class PeakSearch:
     # -- the decision -------------------------------------------------------------------
 
     def next_step(self) -> Step:
+        crashed = server_exit_step(self.points)
+        if crashed is not None:
+            return crashed
         if self.params.precision is None:
             return self._plain_next()
         n0, found = self._plain_end()
@@ -307,18 +320,26 @@ class PeakSearch:
     def _plain_next(self) -> Step:
         p = self.params
         v = Verdicts.of(self.points)
-        if len(self.points) >= p.max_points:
-            return Step("done", None, f"point budget of {p.max_points} spent", stop="budget")
+        # the budget stops a search that would measure more; a search whose last point
+        # settled its answer (the edge's last repeat) stopped on that answer
+        spent = len(self.points) >= p.max_points
+        budget = Step("done", None, f"point budget of {p.max_points} spent", stop="budget")
         # a rate still owed a retry (insufficient: once at double length; invalid: once)
         if self.points:
             last = self.points[-1]
+            retry: Step | None = None
             if last.outcome == "insufficient" and v.insufficient_pending(last.rate_rps):
-                return Step(
-                    self._phase(v), last.rate_rps, "too few samples: again, twice as long", True
-                )
-            if last.outcome == "invalid" and v.invalid_count(last.rate_rps) < INVALID_TRIES:
-                return Step(self._phase(v), last.rate_rps, "invalid point: measured again")
+                why = "too few samples: again, twice as long"
+                retry = Step(self._phase(v), last.rate_rps, why, True)
+            elif last.outcome == "invalid" and v.invalid_count(last.rate_rps) < INVALID_TRIES:
+                retry = Step(self._phase(v), last.rate_rps, "invalid point: measured again")
+            if retry is not None:
+                return budget if spent else retry
         step = self._decide(v)
+        if step.phase == "done":
+            return step
+        if spent:
+            return budget
         if step.rate_rps is not None and v.invalid_count(step.rate_rps) >= INVALID_TRIES:
             return Step(
                 "done",
@@ -517,7 +538,16 @@ class PeakSearch:
     def estimate(self) -> Estimate:
         """[L, U] and how the search stopped. With a refine phase, [L, U] is what the
         bracketing, bisection and edge repeats proved (the refine points feed the fit
-        only: a single refine outcome between L and U is not a repeated bound)."""
+        only: a single refine outcome between L and U is not a repeated bound). A server
+        that died during a point is the answer (limit ``server_exit``), with [L, U] as far
+        as the points before it went."""
+        crashed = server_exit_step(self.points)
+        if crashed is not None:
+            before = [q for q in self.points if q.server_exit is None]
+            est = PeakSearch(replace(self.params, precision=None), before).estimate()
+            return replace(
+                est, peak_rps=None, confidence=0.0, limit="server_exit", note=crashed.why
+            )
         if self.params.precision is not None:
             n0, found = self._plain_end()
             plain = PeakSearch(replace(self.params, precision=None), self.points[:n0])
@@ -553,6 +583,16 @@ class PeakSearch:
         if limit == "none_met":
             limit = "budget"
         return Estimate(L, U, (L + U) / 2.0, conf, limit, mixed, step.why)
+
+
+def server_exit_step(points: Sequence[Point]) -> Step | None:
+    """The stop of a search whose server died during a point (the first such point): "the
+    server exited (code 1) at 450.0 req/s during point 7". None while the server lived."""
+    for i, q in enumerate(points, start=1):
+        if q.server_exit is not None:
+            at = f"at {q.rate_rps:.1f} req/s" if q.rate_rps > 0 else "while calibrating"
+            return Step("done", None, f"{q.server_exit} {at} during point {i}", stop="server_exit")
+    return None
 
 
 def knee(points: Sequence[Point]) -> float | None:

@@ -53,7 +53,7 @@ from harness.peak.runner import (
     search,
     target_for,
 )
-from harness.peak.search import Point, Verdicts
+from harness.peak.search import INVALID_TRIES, Point, Verdicts
 
 STATE = "tune_state.json"
 _H2H_OPEN = "head_to_head_open"  # the rounds under way, in the state file
@@ -214,6 +214,14 @@ class TuneConfig:
 # --- results per configuration ----------------------------------------------------------
 
 
+# a configuration's status: its search ended at the server's edge (``measured``: a peak,
+# or no rate met the SLO), or was stopped by something else — the load generator, the
+# point budget, the search's ceiling (``not_measured``: no answer about the server) — or
+# the server failed: it died during a point, or would not start (``failed``)
+MEASURED, NOT_MEASURED, FAILED = "measured", "not_measured", "failed"
+DID_NOT_START = "the server did not start"
+
+
 def config_result(
     cfg: Config,
     points: Sequence[Point],
@@ -222,33 +230,48 @@ def config_result(
     floor_rps: float | None = None,
     repeats: int = 1,
     tolerance: float = 0.1,
+    max_points: int = 40,
+    search_limit: str | None = None,
 ) -> dict[str, Any]:
     """What one configuration's search found (peak = L: the highest rate that met the SLO
     in every repeat below every rate that missed it in every repeat; its p99, CPU/request
-    and RSS at that rate)."""
+    and RSS at that rate) and its status (``config_status``). ``search_limit``: how its
+    own search ended, when ``points`` hold more than that search's (head-to-head points,
+    which move [L, U] but not what stopped the search)."""
     from harness.peak.search import PeakSearch, SearchParams
 
-    s = PeakSearch(SearchParams(start_rps=1.0, repeats=repeats, tolerance=tolerance), points)
-    est = s.estimate()
+    params = SearchParams(
+        # where the search began: it decides the next step only while nothing was judged
+        start_rps=points[0].rate_rps if points and points[0].rate_rps > 0 else 1.0,
+        repeats=repeats,
+        tolerance=tolerance,
+        max_points=max_points,
+        min_rps=floor_rps or 1.0,
+    )
+    est = PeakSearch(params, points).estimate()
+    limit = est.limit if est.limit == "server_exit" else (search_limit or est.limit)
+    status, reason = config_status(points, why, limit, max_points)
     at = None
-    if est.low_rps is not None:
+    if est.low_rps is not None and status == MEASURED:
         cands = [p for p in points if p.outcome == "met" and abs(p.rate_rps - est.low_rps) < 0.01]
         at = cands[-1] if cands else None
     return {
         "key": key(cfg),
         "config": dict(cfg),
         "cmd": cmd,
-        # None: not measured — every point invalid (the box or the load generator was the
-        # limit), so neither a peak nor a failure; 0.0: judged, and no rate met the SLO
-        "peak_rps": est.low_rps
-        if est.low_rps is not None
-        else (0.0 if est.limit == "none_met" else None),
+        "status": status,
+        "status_reason": reason,
+        # measured: L, or 0.0 (judged, and no rate met the SLO in every repeat); None when
+        # not measured or failed — no peak to rank or recommend
+        "peak_rps": (est.low_rps or 0.0) if status == MEASURED else None,
+        "held_rps": est.low_rps,  # L as far as the points went, whatever the status
         "upper_rps": est.high_rps,
-        "limit": est.limit,
+        "limit": limit,
         "repeats": repeats,
         "confidence": est.confidence,  # of [peak, upper] holding the edge (0: no repeats)
         "stopped": why,
         "floor_rps": floor_rps,
+        "max_points": max_points,
         "p99_at_peak_ms": at.p99_ms if at else None,
         "p50_at_peak_ms": at.p50_ms if at else None,
         "cpu_ms_per_request": at.cpu_ms_per_request if at else None,
@@ -258,6 +281,54 @@ def config_result(
         "points": [p.as_dict() for p in points],
         "n_points": len(points),
     }
+
+
+def config_status(
+    points: Sequence[Point], why: str, limit: str | None, max_points: int
+) -> tuple[str, str | None]:
+    """(status, why) of a configuration's search: ``failed`` when its server died during a
+    point ("crashed at 450.0 req/s (the server exited (signal 9, SIGKILL), point 7)") or
+    would not start; ``measured`` when the search ended at the server's edge (limit
+    ``slo``) or found no rate that met the SLO (``none_met``); else ``not_measured``, with
+    what stopped it instead — the load generator, the point budget, the search's ceiling:
+    what `harness peak` calls no answer (exit 3)."""
+    from harness.peak.runner import server_gone
+
+    for i, q in enumerate(points, start=1):
+        if q.server_exit is not None:
+            at = f"at {q.rate_rps:.1f} req/s" if q.rate_rps > 0 else "while calibrating"
+            return FAILED, f"crashed {at} ({q.server_exit}, point {i})"
+    if why.startswith(DID_NOT_START) or server_gone(why):
+        return FAILED, why
+    if limit in ("slo", "none_met"):
+        return MEASURED, None
+    if limit == "generator":
+        v = Verdicts.of(points)
+        at = [r for r in v.by_rate if v.invalid_count(r) >= INVALID_TRIES]
+        return NOT_MEASURED, (
+            "the load generator, not the server, was the limit"
+            + (f" ({max(at):.1f} req/s invalid {INVALID_TRIES} times)" if at else "")
+        )
+    if limit == "max_rps":
+        return NOT_MEASURED, f"it met the SLO up to the search's ceiling ({why})"
+    if limit == "budget" and len(points) >= max_points:
+        return NOT_MEASURED, (
+            f"its {max_points}-point budget was spent before the server's edge was found"
+        )
+    return NOT_MEASURED, f"its search stopped before the server's edge was found ({why})"
+
+
+def status(r: Mapping[str, Any]) -> str:
+    """A result's status; for a result written before statuses were kept: from its limit
+    (``slo``/``none_met`` measured, another one not), else from its peak (None: not
+    measured)."""
+    if r.get("status"):
+        return str(r["status"])
+    if r.get("peak_rps") is None:
+        return NOT_MEASURED
+    if r.get("limit") is not None and r["limit"] not in ("slo", "none_met"):
+        return NOT_MEASURED
+    return MEASURED
 
 
 def evidence(r: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -317,8 +388,9 @@ def standing(results: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str
     met at 159.8–199.8 req/s in some lifetimes and missed there in others, with the planted
     no-batching regression at the bottom; the other tune of the pair, and every tune
     before, had it with the configurations it is within the resolution of). One with
-    every point invalid (peak None) has no rank."""
-    measured = [r for r in results if r.get("peak_rps") is not None]
+    every point invalid (peak None) has no rank; nor has one not measured or failed
+    (``status``): ``rank`` places those."""
+    measured = [r for r in results if status(r) == MEASURED]
     ev = {r["key"]: evidence(r) for r in measured}
     out: dict[str, int] = {}
     for r in measured:
@@ -353,7 +425,7 @@ def contested(
     the next tune, where 32/20/1 met 451.1 in all six). A separation wider than ``band``
     on every side is not contested: a configuration that far below is a dominated
     direction to the climb as well (``TuneConfig.prune_margin``)."""
-    measured = [r for r in results if r.get("peak_rps") is not None]
+    measured = [r for r in results if status(r) == MEASURED]
     ev = {r["key"]: evidence(r) for r in measured}
     out: dict[str, list[tuple[str, float, float]]] = {}
     for r in measured:
@@ -376,10 +448,14 @@ def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping
     """Best first, each row with its ``rank`` (``standing``; shared ranks are ties the
     search could not separate). Within a rank: the highest peak under the SLO; peaks within
     ``tolerance`` of the best peak of their group are a tie, broken by CPU per request
-    (lower first), then by key. Configurations never validly measured come last, unranked."""
+    (lower first), then by key. Configurations that failed (the server died during a point,
+    or would not start) rank below every measured one (each measured one is better);
+    configurations not measured (``status``) come last, unranked: they have no peak to
+    rank on."""
     ranks = standing(results, tolerance)
-    unmeasured = sorted((r for r in results if r["peak_rps"] is None), key=lambda r: r["key"])
-    results = [r for r in results if r["peak_rps"] is not None]
+    failed = sorted((r for r in results if status(r) == FAILED), key=lambda r: r["key"])
+    unmeasured = sorted((r for r in results if status(r) == NOT_MEASURED), key=lambda r: r["key"])
+    results = [r for r in results if status(r) == MEASURED]
     out: list[Mapping[str, Any]] = []
     for level in sorted(set(ranks.values())):
         ordered = sorted(
@@ -403,6 +479,7 @@ def rank(results: Sequence[Mapping[str, Any]], tolerance: float) -> list[Mapping
             )
             out += [{**r, "rank": level} for r in group]
             i += len(group)
+    out += [{**r, "rank": 1 + len(results)} for r in failed]
     return out + [{**r, "rank": None} for r in unmeasured]  # last: no evidence to rank them on
 
 
@@ -557,7 +634,7 @@ class Tuner:
             log = d / ("server.log" if lifetime == 1 else f"server-{lifetime}.log")
             with contextlib.ExitStack() as stack:
                 try:
-                    target, alive, _desc = stack.enter_context(
+                    target, gone, _desc = stack.enter_context(
                         target_for(
                             sut_cmd=self.cmd(cfg),
                             url=None,
@@ -581,7 +658,7 @@ class Tuner:
                     self.show,
                     points=points,
                     on_point=on_point,
-                    alive=alive,
+                    gone=gone,
                     lifetime=lifetime,
                 )
             points = s.points
@@ -606,13 +683,16 @@ class Tuner:
                     model=self.tc.model,
                     log_path=d / f"server-{lifetime}.log",
                     extra_args=self.tc.extra_args,
-                ) as (target, _alive, _desc),
+                ) as (target, gone, _desc),
                 _Interrupt() as interrupt,
             ):
                 assert isinstance(target, Target)
                 p = run_point(pc, target, d / "points", index, rate, False, _quiet, interrupt)
                 if interrupt.requested:
                     raise KeyboardInterrupt
+                cause = gone() or p.server_exit
+                if cause is not None:  # died during the point: the configuration failed
+                    p = replace(p, outcome="missed", server_exit=cause)
         except TargetUnavailable as e:
             p = Point(rate, "invalid", reasons=(f"the server did not start: {e}",))
         return p
@@ -638,6 +718,8 @@ class Tuner:
             old.get("floor_rps"),
             self.tc.peak.repeats,
             self.tc.peak.tolerance,
+            old.get("max_points") or self.tc.peak.max_points,
+            search_limit=old.get("limit"),
         )
         self.results[k] = res
         return res
@@ -825,7 +907,9 @@ class Tuner:
             + (f" from {pc.start_rps:.1f} req/s" if pc.start_rps else " (capacity probe first)")
         )
         points, why = self.measure(cfg, pc, prior, lambda p: self.state.add_point(k, p))
-        res = config_result(cfg, points, why, self.cmd(cfg), pc.floor_rps, pc.repeats, pc.tolerance)
+        res = config_result(
+            cfg, points, why, self.cmd(cfg), pc.floor_rps, pc.repeats, pc.tolerance, pc.max_points
+        )
         if why == "interrupted":
             raise KeyboardInterrupt
         self.state.finish(k, res)
@@ -888,9 +972,9 @@ class Tuner:
                 if key(nb) in self.pruned:
                     continue
                 r = self.evaluate(nb, _hint(origin, None))
-                if r["peak_rps"] is None:  # not measured: no evidence to prune or climb on
+                if status(r) != MEASURED:  # no peak: no evidence to prune or climb on
                     continue
-                base = origin["peak_rps"]  # None: the origin could not be measured
+                base = origin["peak_rps"]  # None: the origin was not measured, or failed
                 if base is not None and float(r["peak_rps"]) < float(base) * (
                     1 - self.tc.prune_margin
                 ):
@@ -902,7 +986,7 @@ class Tuner:
                 r
                 for r in self.results.values()
                 if r["key"] not in expanded
-                and (ranks.get(r["key"]) == 1 or (not ranks and r["peak_rps"] is None))
+                and (ranks.get(r["key"]) == 1 or (not ranks and status(r) != MEASURED))
             ]
             origin = max(
                 frontier, key=lambda r: (float(r["peak_rps"] or 0.0), r["key"]), default=None
@@ -948,6 +1032,9 @@ class Tuner:
             over_worst = winner["peak_rps"] / worst["peak_rps"] - 1.0
         return {
             "mode": self.tc.mode,
+            # the configuration the ranking puts first; recommended unless its quick
+            # checklist fails (``conclude``)
+            "fastest": winner["key"] if winner else None,
             "objective": (
                 "highest peak under the SLO (open-loop Poisson, p99 over all requests <= "
                 f"{self.tc.peak.slo_p99_ms:g} ms, errors <= {self.tc.peak.max_error_rate:.1%}"
@@ -962,7 +1049,11 @@ class Tuner:
                 "which it missed in every outcome (the search's resolution; shared ranks: not "
                 "separated by the search); within a "
                 f"rank, peaks within {self.tc.peak.tolerance:.0%} tie, broken by lower CPU "
-                "ms/request"
+                "ms/request; only a configuration whose search ended at the server's edge is "
+                "ranked on its peak (one stopped by the load generator, the point budget or "
+                "the search's ceiling is not measured; one whose server died or did not start "
+                "failed, below every measured one); the first is recommended if its quick "
+                "checklist passes"
             ),
             "template": self.tc.template,
             "space": {n: list(v) for n, v in self.tc.space.dims},
@@ -992,14 +1083,77 @@ class Tuner:
 
 
 def _peak_text(r: Mapping[str, Any]) -> str:
-    if r.get("peak_rps") is None:
-        return "not measured: every point invalid"
+    st = status(r)
+    if st == FAILED:
+        return f"failed: {r.get('status_reason')}"
+    if st == NOT_MEASURED:
+        return f"not measured: {r.get('status_reason') or 'every point invalid'}"
     return f"peak {float(r['peak_rps']):.1f} req/s under the SLO"
 
 
 def unmeasured(summary: Mapping[str, Any]) -> list[str]:
-    """Configurations the search set out to measure and could not (every point invalid)."""
-    return [r["key"] for r in summary.get("ranked") or [] if r.get("peak_rps") is None]
+    """Configurations the search set out to measure and could not: their searches were
+    stopped by the load generator, the point budget or the search's ceiling."""
+    return [r["key"] for r in summary.get("ranked") or [] if status(r) == NOT_MEASURED]
+
+
+def failed(summary: Mapping[str, Any]) -> list[str]:
+    """Configurations whose server died during a point, or would not start."""
+    return [r["key"] for r in summary.get("ranked") or [] if status(r) == FAILED]
+
+
+def measured_worse(top: Mapping[str, Any], r: Mapping[str, Any], tolerance: float) -> bool:
+    """Whether ``top`` was measured better than ``r`` (``standing``'s rule: ``top`` held the
+    SLO in every outcome up to a rate at least ``tolerance`` above the one from which ``r``
+    missed it in every outcome) — what a configuration's points show even when its search
+    did not end at its edge."""
+    held, missed_from = evidence(top)[0], evidence(r)[1]
+    return held is not None and missed_from is not None and held >= missed_from * (1 + tolerance)
+
+
+def verdict_of(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """The tune's verdict and the configurations that leave its recommendation open.
+
+    ``fail``: no configuration measured and some failed (their servers died or did not
+    start), or none met the SLO at any rate measured, or the fastest configuration's quick
+    checklist failed (then nothing is recommended: ``conclude``). ``invalid``: no
+    configuration measured and none failed (nothing to rank), or the fastest one's
+    checklist was invalid, or a configuration not measured was not measured worse than the
+    fastest (its search stopped before showing it below: the recommendation is only the
+    best of the rest — those are the keys returned). ``not_judged``: the fastest one's
+    checklist judged nothing. ``pass``: the fastest configuration's checklist passed (or
+    was not asked for: ``--no-checklist``) and every configuration not measured was
+    measured worse than it. Failed configurations below a measured winner do not move it:
+    they are ranked, never recommended."""
+    from harness.results import combine_verdicts
+
+    ranked = summary.get("ranked") or []
+    if not any(status(r) == MEASURED for r in ranked):
+        return ("fail" if failed(summary) else "invalid"), []
+    fastest = summary.get("fastest", summary.get("recommended"))
+    top = next((r for r in ranked if r["key"] == fastest), None)
+    if top is None:
+        return "fail", []
+    tol = float((summary.get("peak_config") or {}).get("tolerance") or 0.0)
+    open_ = [
+        r["key"] for r in ranked if status(r) == NOT_MEASURED and not measured_worse(top, r, tol)
+    ]
+    verdicts = ["invalid"] if open_ else []
+    chk = summary.get("checklist")
+    if chk:
+        verdicts.append(chk.get("verdict") or "not_judged")
+    return combine_verdicts(verdicts) or "pass", open_
+
+
+def conclude(summary: dict[str, Any]) -> ExitCode:
+    """The tune's verdict into ``summary`` (``verdict``, ``left_open``); a fastest
+    configuration whose quick checklist failed is not recommended. Its exit code."""
+    verdict, open_ = verdict_of(summary)
+    summary["verdict"] = verdict
+    summary["left_open"] = open_
+    if (summary.get("checklist") or {}).get("verdict") == "fail":
+        summary.update(recommended=None, recommended_cmd=None, tied_with_recommended=[])
+    return ExitCode.for_verdict(verdict)
 
 
 def _hint(r: Mapping[str, Any], prev: float | None) -> float | None:
@@ -1016,12 +1170,14 @@ def _dirname(cfg: Config) -> str:
 
 
 def exit_code(summary: Mapping[str, Any]) -> ExitCode:
-    """0: a recommendation over every configuration the search set out to measure; 1: none
-    met the SLO; 3: one or more could not be measured (every point invalid), so the
-    recommendation is only the best of the rest — not earned."""
-    if unmeasured(summary):
-        return ExitCode.INVALID
-    return ExitCode.PASS if summary.get("recommended") else ExitCode.FAIL
+    """The tune's verdict (``verdict_of``) as an exit code: 0 pass, 1 fail, 3 invalid,
+    4 not judged."""
+    return ExitCode.for_verdict(verdict_of(summary)[0])
+
+
+# `harness acceptance`'s exit code → the checklist's verdict; any other code (2: it could
+# not start, a signal) judged nothing
+_CHECKLIST_VERDICT = {0: "pass", 1: "fail", 3: "invalid", 4: "not_judged"}
 
 
 def run_checklist(cmd: str, out_dir: Path, sut_cores: str | None) -> dict[str, Any]:
@@ -1035,13 +1191,39 @@ def run_checklist(cmd: str, out_dir: Path, sut_cores: str | None) -> dict[str, A
     if sut_cores:
         argv += ["--sut-cores", sut_cores]
     proc = subprocess.run(argv, capture_output=True, text=True)
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return checklist_result(proc.returncode, proc.stdout, proc.stderr, out_dir)
+
+
+def checklist_result(code: int, stdout: str, stderr: str, out_dir: Path) -> dict[str, Any]:
+    """The quick checklist's run as the tune keeps it: its verdict (from its exit code),
+    the checks that failed (from its results.json, when it wrote one) and its line."""
+    from harness.errors import HarnessError
+    from harness.results import load_document
+
+    failed_checks: list[str] = []
+    with contextlib.suppress(HarnessError, OSError, ValueError):
+        doc = load_document(out_dir / "results.json")
+        failed_checks = list(
+            dict.fromkeys(
+                str(c.get("id"))
+                for sc in doc.get("scenarios") or []
+                for c in sc.get("checks") or []
+                if c.get("passed") is False
+            )
+        )
+    lines = [x for x in stdout.strip().splitlines() if x.strip()]
+    verdict_line = next((x for x in lines if x.startswith(_VERDICT_WORDS)), None)
+    said = verdict_line or (lines[-1] if lines else stderr.strip()[-300:])
     return {
-        "exit_code": proc.returncode,
+        "exit_code": code,
+        "verdict": _CHECKLIST_VERDICT.get(code, "not_judged"),
+        "failed_checks": failed_checks,
         "out": str(out_dir),
-        "line": f"`harness acceptance --quick` on it: {last or proc.stderr.strip()[-300:]} "
-        f"(exit {proc.returncode}; {out_dir}/summary.md)",
+        "line": f"`harness acceptance --quick` on it: {said} (exit {code}; {out_dir}/summary.md)",
     }
+
+
+_VERDICT_WORDS = ("PASS", "FAIL", "INVALID", "NOT JUDGED")
 
 
 def write_outputs(out_dir: Path, doc: dict[str, Any]) -> None:
@@ -1097,12 +1279,27 @@ def run_tune(
     finally:
         with contextlib.suppress(ValueError, TypeError):
             signal.signal(signal.SIGTERM, previous)
-    if checklist and summary.get("recommended_cmd"):
-        show(f"tune: quick checklist on {summary['recommended']} …")
-        summary["checklist"] = run_checklist(
-            summary["recommended_cmd"], out_dir / "checklist", tc.sut_cores
-        )
     doc = new_document(machine=machine_metadata(), sut={"cmd": tc.template}, loadgen={})
     doc["tune"] = summary
+    if not checklist:
+        summary["checklist_skipped"] = "--no-checklist"
+    elif summary.get("recommended_cmd"):
+        show(f"tune: quick checklist on {summary['recommended']} …")
+        try:
+            summary["checklist"] = run_checklist(
+                summary["recommended_cmd"], out_dir / "checklist", tc.sut_cores
+            )
+        except KeyboardInterrupt:
+            summary["checklist"] = {
+                "exit_code": int(ExitCode.INTERRUPTED),
+                "verdict": "not_judged",
+                "failed_checks": [],
+                "out": str(out_dir / "checklist"),
+                "line": "`harness acceptance --quick` on it: interrupted",
+            }
+            conclude(summary)
+            write_outputs(out_dir, doc)
+            raise
+    code = conclude(summary)
     write_outputs(out_dir, doc)
-    return doc, exit_code(summary)
+    return doc, code
