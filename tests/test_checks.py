@@ -176,10 +176,11 @@ def test_steady_error_rate_counts_drops_unless_told_not_to() -> None:
 
 
 def test_steady_throughput() -> None:
-    c = run("steady.throughput", steady_result([5.0] * 3960), stage="steady")  # 99/s of 100
+    # 3,960 offered (the Poisson draw of a nominal 4,000), every one answered
+    c = run("steady.throughput", steady_result([5.0] * 3960), stage="steady")
     passed(c)
-    assert c.threshold == pytest.approx(95.0) and c.value == pytest.approx(99.0)
-    failed(run("steady.throughput", steady_result([5.0] * 3000)))  # 75/s
+    assert c.threshold == pytest.approx(0.95 * 99.0) and c.value == pytest.approx(99.0)
+    failed(run("steady.throughput", steady_result([5.0] * 3000, {"http_503": 1000})))  # 75 %
     # absolute floor
     failed(run("steady.throughput", steady_result([5.0] * 3960), threshold=120))
     closed = steady_result([5.0] * 100)

@@ -25,6 +25,7 @@ from harness.chaos.terminate import Terminate, sigterm_ignored
 from harness.checks import REGISTRY, resolve_params
 from harness.errors import ConfigError
 from harness.load.scenario import load_scenario
+from tests.results_factory import hdr
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -355,8 +356,8 @@ def test_issue12_freeze_resource_step_sees_threads_left_behind() -> None:
 
     ok = _run("freeze.resource_step", _scenario(40, chaos=_pause(), server=series(6)))
     assert ok.passed is True and ok.value == 0
-    bad = _run("freeze.resource_step", _scenario(40, chaos=_pause(), server=series(7)))
-    assert bad.passed is False and bad.value == 1.0 and "threads 6 → 7" in bad.detail
+    bad = _run("freeze.resource_step", _scenario(40, chaos=_pause(), server=series(8)))
+    assert bad.passed is False and bad.value == 2.0 and "threads 6 → 8" in bad.detail
 
 
 def _kill(start=12.0, ready=13.5):
@@ -404,8 +405,11 @@ def test_issue12_shutdown_checks() -> None:
               {"name": "replaced", "start_s": 12.0, "end_s": 27.0}]  # fmt: skip
 
     def by_stage(failed: dict) -> dict:
-        return {"serving": {"default": {"counters": {"scheduled": 1200, "ok": 1200 - sum(
-            failed.values()), "dropped": 0, "in_flight": 0, "failed": failed}}}}  # fmt: skip
+        # 100 req/s answered in 80 ms: ~8 requests in flight when the signal comes
+        ok = 1200 - sum(failed.values())
+        return {"serving": {"default": {"counters": {"scheduled": 1200, "ok": ok,
+            "dropped": 0, "in_flight": 0, "failed": failed},
+            "latency_hdr": hdr([80_000] * ok)}}}  # fmt: skip
 
     good = _scenario(27, chaos=_terminate(), stages=stages, by_stage=by_stage({}))
     assert _run("shutdown.lost", good).passed is True
