@@ -387,36 +387,49 @@ CASES: tuple[DetectionCase, ...] = (
     ),
     DetectionCase(
         name="batch-errors",
-        defect="every batch of two or more requests answered 500 (the batched path raises)",
+        defect="every batch of 16 or more requests answered 500 (the batched path raises on "
+        "large batches)",
         scenario="integrity",
         check="integrity.failures",
         pin_capacity=True,
-        fault="batch-errors:2",
-        why="a batched code path that raises while batch 1 works: the golden outputs "
-        "(fetched one request at a time) come back, the load's batches fail, and the few "
-        "lone requests that are answered are all correct, so integrity.mismatches passes on "
-        "them (an independent server answering 500 to every batch of 2 or more: 6,682 "
-        "failed, 1,615 verified, mismatches PASS). The share of the requests meant to be "
-        "verified that got no answer is what fails it",
+        fault="batch-errors:16",
+        why="a batched code path that raises on large batches while small ones work: the "
+        "golden outputs (fetched one request at a time) come back, the low stage's small "
+        "batches are answered and verified (all correct: integrity.mismatches passes on "
+        "them), the high stage's full batches fail — the shape of an independent server "
+        "answering 500 to every batch of 2 or more (6,682 failed, 1,615 verified, mismatches "
+        "PASS, exit 0). At 2 or more the reference server, whose batches hold ~5-10 requests "
+        "even at 0.3x, answered 4 of 16,388: mismatches was skipped (too few to judge), "
+        "not passed. The share of the requests meant to be verified that got no answer is "
+        "what fails it",
     ),
-    # --- soak (sized per minute from the healthy capacity) -----------------------------
     DetectionCase(
         name="late-errors",
         defect="every request answered 500 from about half-time (a server that stops serving)",
         scenario="soak",
         check="soak.error_rate",
         also_checks=("soak.latency_drift",),
-        fault="late-errors:20",
+        fault="late-errors:24",
         pin_capacity=True,
         duration_s=40,
+        allowed={
+            "soak.rss_trend": "the error path allocating as it first runs (each 500 is "
+            "logged with its traceback): RSS rose in steps while the errors lasted, 189.5 → "
+            "192.7 MiB over 19 s (189.7 → 194.7 in another run), read as +9.2 and +11.8 "
+            "MiB/min over a 40 s soak; the healthy twin +0.55 (not significant). Whether it "
+            "levels off is a longer soak's question, not this case's",
+        },
         why="a server that serves well, then fails everything (a credential that expires, "
-        "a pool to a dependency that runs dry): from 20 s after ready, about half-way "
-        "through a 40 s soak, every model call fails, answered 500 as fast as a success. "
+        "a pool to a dependency that runs dry): from 24 s after ready, ~21 s into a 40 s "
+        "soak (the load starts ~3 s after ready), every model call fails, answered 500 as "
+        "fast as a success. "
         "No latency of a success moves and nothing leaks; an independent server answering "
         "503 from 35 s passed the soak with 43,879 of 82,830 requests failed. The error "
         "rate fails over the whole soak and per window, and the drift, reading every "
-        "request, sees the last third's windows fail (a p99 that is a failure). 40 s as "
-        "the thread and fd leak cases: the three trends are judged on its twin",
+        "request, sees the last third's windows fail (a p99 that is a failure) against a "
+        "clean first third (10-20 s after the warm-up quarter): errors from 17 s, as "
+        "20 s after ready gave, left the step's Mann–Whitney p at 0.015. 40 s as the thread "
+        "and fd leak cases: the three trends are judged on its twin",
     ),
     DetectionCase(
         name="leak-memory",
