@@ -824,8 +824,9 @@ def _add_peak(sub: argparse._SubParsersAction) -> None:
         description="Bracketing then bisection over open-loop Poisson rates, each point one "
         "headless Locust run judged by the harness (p99 over all requests with MLPerf early "
         "stopping, error rate, validity); the edge measured --repeats times for an interval. "
-        "Writes results.json, summary.md, report.html. Exit 0 a peak, 1 no rate met the SLO, "
-        "2 usage, 3 the generator (not the server) was the limit or the search was cut short.",
+        "Writes results.json, summary.md, report.html. Exit 0 a peak, 1 no rate met the SLO "
+        "or the server died during a point, 2 usage, 3 the generator (not the server) was the "
+        "limit or the search was cut short.",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument(
@@ -861,7 +862,7 @@ def _add_peak(sub: argparse._SubParsersAction) -> None:
         "refine phase)",
     )
     # the refine phase needs points: a gradual edge (outcomes mixed over +-10 %) takes
-    # ~25-45 of them to reach 15 % (tests/test_issue14_edge_fit.py)
+    # ~25-45 of them to reach 15 % (tests/test_peak_edge_fit.py)
     p.set_defaults(handler=_run_peak, max_points=48)
 
 
@@ -916,8 +917,12 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "inside --prune-margin is measured again head to head (the two alternately, each "
         "point on a fresh server), so a drift over minutes cannot make it. "
         "Ranks, writes results.json, summary.md, report.html (a throughput-p99 "
-        "Pareto plot), runs the quick checklist on the winner. Resumable: run it again with "
-        "the same arguments and --out to continue.",
+        "Pareto plot), runs the quick checklist on the winner. Exit: the winner's checklist "
+        "verdict (0 pass, 1 fail: then nothing is recommended, 3 invalid, 4 not judged); 1 if "
+        "no configuration met the SLO or every one's server died; 3 if none was measured (its "
+        "search stopped by the load generator, the point budget or the ceiling) or one not "
+        "measured may beat the winner. Resumable: run it again with the same arguments and "
+        "--out to continue.",
     )
     p.add_argument(
         "--sut-cmd",

@@ -263,3 +263,30 @@ def test_no_configuration_measured_is_invalid_in_one_sentence(tmp_path, monkeypa
     assert "\n" not in text and all(k in text for k in EDGES)
     assert "the load generator, not the server, was the limit" in text
     assert text in tune_markdown({"tune": summary})
+
+
+def test_a_budget_stopped_configuration_goes_on_when_the_tune_resumes_with_more_points(
+    tmp_path, monkeypatch
+) -> None:
+    """The remedy the report points to: the same tune with a larger ``--max-points`` goes
+    on from the points a budget-stopped configuration has, and only from those; the
+    configurations that were measured are read back, not searched again."""
+    special = {"b=3": (_budget(400.0, 4), "point budget of 4 spent")}
+    results = {k: (0, []) for k in EDGES}
+    summary, code, _ = _run(tmp_path, monkeypatch, results, special, max_points=4)
+    assert code == ExitCode.INVALID and summary["left_open"] == ["b=3"]
+    searched: list[tuple[str, int]] = []
+
+    def measure(self, cfg, pc, points, on_point):
+        searched.append((key(cfg), len(points)))
+        more = [Point(2025.0, "missed"), Point(1687.5, "met"), Point(1856.25, "missed")]
+        for p in more:
+            on_point(p)
+        return [*points, *more], "edge found"
+
+    monkeypatch.setattr(Tuner, "_measure", measure)
+    doc, code = tune.run_tune(_tc(8), tmp_path, checklist=True, show=lambda t: None)
+    assert searched == [("b=3", 4)]  # from its 4 points; b=1 and b=2 read back
+    b3 = next(r for r in doc["tune"]["ranked"] if r["key"] == "b=3")
+    assert b3["status"] == MEASURED and b3["peak_rps"] == 1687.5 and b3["n_points"] == 7
+    assert code == ExitCode.PASS and doc["tune"]["recommended"] == "b=3"

@@ -889,7 +889,7 @@ class Tuner:
         if k in self.results:
             return self.results[k]
         done = self.state.done(k)
-        if done is not None:
+        if done is not None and not _budget_grew(done, self.tc.peak.max_points):
             self.show(f"[{len(self.results) + 1}] {k}: from {STATE} ({_peak_text(done)})")
             self.results[k] = done
             return done
@@ -1089,6 +1089,16 @@ def _peak_text(r: Mapping[str, Any]) -> str:
     if st == NOT_MEASURED:
         return f"not measured: {r.get('status_reason') or 'every point invalid'}"
     return f"peak {float(r['peak_rps']):.1f} req/s under the SLO"
+
+
+def _budget_grew(done: Mapping[str, Any], max_points: int) -> bool:
+    """Whether a configuration stopped by its point budget has more points now (the same
+    tune resumed with a larger ``--max-points``): its search goes on from its points."""
+    return (
+        status(done) == NOT_MEASURED
+        and done.get("limit") == "budget"
+        and int(done.get("max_points") or max_points) < max_points
+    )
 
 
 def unmeasured(summary: Mapping[str, Any]) -> list[str]:
