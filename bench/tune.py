@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.peak.tune import rank
+from harness.peak.tune import FAILED, NOT_MEASURED, rank, status, verdict_of
 
 PLANTED = "max_batch=32,delay=1,workers=1"
 
@@ -84,8 +84,10 @@ def main() -> int:
     for i in range(1, a.runs + 1):
         d = out / f"run{i}"
         started = time.monotonic()
+        code = None
         if a.from_dir is None:
             proc = subprocess.run(tune_argv(d, a.slo_p99_ms), capture_output=True, text=True)
+            code = proc.returncode
             (out / f"run{i}.log").write_text(proc.stderr)
             print(proc.stdout.strip() or proc.stderr[-800:])
         wall = round(time.monotonic() - started, 1)
@@ -102,6 +104,12 @@ def main() -> int:
                 "ranks": {r["key"]: r["rank"] for r in tune["ranked"]},
                 "peaks": {r["key"]: r["peak_rps"] for r in tune["ranked"]},
                 "recommended": tune["recommended"],
+                # the verdict by this checkout's rule (a run from before verdicts were kept
+                # included) and the exit code the tune gave
+                "verdict": verdict_of(tune)[0],
+                "exit": code,
+                "not_measured": [r["key"] for r in tune["ranked"] if status(r) == NOT_MEASURED],
+                "failed": [r["key"] for r in tune["ranked"] if status(r) == FAILED],
                 "default_peak": next(
                     (r["peak_rps"] for r in tune["ranked"] if r["key"] == tune["default"]), None
                 ),
@@ -117,7 +125,7 @@ def main() -> int:
         )
     print()
     for r in runs:
-        best = ", ".join(f"={r['ranks'][k]} {k} ({r['peaks'][k]:.0f})" for k in r["top3"])
+        best = ", ".join(f"={r['ranks'][k]} {k} ({_f(r['peaks'][k])})" for k in r["top3"])
         margin = r["margin_over_default"]
         print(
             f"tune {r['run']}: {r['wall_s'] / 60:.1f} min; {r['measured']} of 18 measured, "
@@ -126,6 +134,10 @@ def main() -> int:
             f"{_f(r['default_peak'])} req/s); planted {PLANTED} rank "
             f"{r['planted_rank'] or 'not measured'}; top 3: {best}"
             + (f"; head to head: {'; '.join(r['head_to_head'])}" if r["head_to_head"] else "")
+            + f"; verdict {r['verdict']}"
+            + ("" if r["exit"] is None else f" (exit {r['exit']})")
+            + (f"; not measured: {', '.join(r['not_measured'])}" if r["not_measured"] else "")
+            + (f"; failed: {', '.join(r['failed'])}" if r["failed"] else "")
         )
     planted_ok = all(r["recommended"] != PLANTED for r in runs)
     in_time = all(r["wall_s"] <= 20 * 60 for r in runs)
