@@ -607,7 +607,9 @@ def head_to_head_lines(tune: Mapping[str, Any]) -> list[str]:
         f"{c['better']} (held {c['held_rps']:.1f} req/s) over {c['worse']} (missed from "
         f"{c['missed_rps']:.1f}): "
         + (
-            f"stands — reproduced in {c['rounds_reproduced']} alternating rounds"
+            f"{', '.join(c['failed'])} failed — its server died during the rounds"
+            if c.get("failed")
+            else f"stands — reproduced in {c['rounds_reproduced']} alternating rounds"
             if c["stands"]
             else "not reproduced — not separated, they share a rank"
         )

@@ -789,6 +789,8 @@ class Tuner:
                 )
 
             def apart(h: str, r: str = r) -> bool:
+                if FAILED in (status(self.results[h]), status(self.results[r])):
+                    return False  # a server died in the rounds: that configuration failed
                 held, _ = evidence(self.results[h])
                 missed_from = evidence(self.results[r])[1]
                 return (
@@ -815,13 +817,17 @@ class Tuner:
                     "missed_rps": missed,
                     "stands": apart(h),
                     "rounds_reproduced": rounds,
+                    # a side whose server died during the rounds (then it failed)
+                    "failed": [k for k in (h, r) if status(self.results[k]) == FAILED],
                 }
                 settled.append(rec)
                 done.add((h, r))
                 self.show(
                     f"    → {h} over {r}: "
                     + (
-                        "stands (reproduced in alternating rounds)"
+                        f"{', '.join(rec['failed'])} failed: its server died in the rounds"
+                        if rec["failed"]
+                        else "stands (reproduced in alternating rounds)"
                         if rec["stands"]
                         else "not reproduced: not separated"
                     )
