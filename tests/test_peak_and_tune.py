@@ -378,16 +378,19 @@ def test_ranks_are_shared_by_configurations_the_search_did_not_separate() -> Non
     # overlapping brackets share the rank; within it the 10 % tie goes to the cheaper one
     rows = [_tune_row("a", 400.0, 440.0, 3.0), _tune_row("b", 380.0, 420.0, 1.0)]
     assert [(r["key"], r["rank"]) for r in rank(rows, 0.1)] == [("b", 1), ("a", 1)]
-    # one that never missed (the generator was the limit) is not ranked below anyone; one
-    # never validly measured is unranked and last
+    # one whose search the load generator stopped (it held 150, never missed) is not
+    # measured: unranked and last, as one never validly measured — not rank 1 on a "peak"
+    # that was the generator's limit; one whose server died ranks below every measured one
     rows = [
         _tune_row("a", 400.0, 440.0, 3.0),
-        _tune_row("gen", 150.0, None, 2.0),
+        _tune_row("gen", 150.0, None, 2.0) | {"limit": "generator"},
         _tune_row("lost", None, None, None),
+        _tune_row("died", None, None, None) | {"status": "failed"},
     ]
     assert [(r["key"], r["rank"]) for r in rank(rows, 0.1)] == [
         ("a", 1),
-        ("gen", 1),
+        ("died", 2),
+        ("gen", None),
         ("lost", None),
     ]
     # one that met nowhere and missed nowhere in every repeat (mixed, then out of points)
