@@ -193,6 +193,23 @@ def test_a_crash_stops_the_search_for_good_even_in_its_refine_phase() -> None:
     assert est.limit == "server_exit" and est.peak_rps is None and est.low_rps == 150.0
 
 
+def test_a_crash_during_the_edge_repeats_leaves_no_peak_in_the_answer() -> None:
+    """Its bracket [225, 281.25] found, the server dies repeating the upper edge: the
+    section states no peak (the points before it had an edge to fit) and exits 1."""
+    cfg = PeakConfig(slo_p99_ms=100.0, start_rps=100.0, repeats=3, tolerance=0.25)
+    pts = [
+        Point(100.0, "met"), Point(150.0, "met"), Point(225.0, "met"), Point(337.5, "missed"),
+        Point(281.25, "missed"), Point(225.0, "met"),
+        Point(281.25, "missed", server_exit="the server exited (code 137)"),
+    ]  # fmt: skip
+    s = PeakSearch(runner._params(cfg, 100.0), pts)
+    why = s.next_step().why
+    peak = runner.summarize(cfg, s, why, started=0.0, extra={})
+    assert peak["peak_rps"] is None and peak["estimate"]["limit"] == "server_exit"
+    assert peak["band_rps"] == [225.0, 281.25]  # what the points before showed, kept
+    assert runner.exit_code(peak) == ExitCode.FAIL
+
+
 def test_a_tune_configuration_whose_server_crashes_is_failed_ranked_below_never_recommended(
     tmp_path,
 ) -> None:

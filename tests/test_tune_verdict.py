@@ -125,7 +125,7 @@ def test_the_tunes_exit_code_is_its_fastest_configurations_checklist_verdict(
     )
     assert said in tune_sentence(summary)
     md = (tmp_path / "summary.md").read_text()
-    assert said in md and "## Quick checklist on the recommended configuration" in md
+    assert said in md and "## Quick checklist on the fastest configuration" in md
     written = json.loads((tmp_path / "results.json").read_text())["tune"]
     assert written["checklist"]["exit_code"] == checklist_exit
     assert written["verdict"] == summary["verdict"]

@@ -631,7 +631,7 @@ def tune_markdown(doc: Mapping[str, Any]) -> str:
         lines += [f"- {x}" for x in head_to_head_lines(tune)]
     chk = tune.get("checklist")
     if chk:
-        lines += ["", "## Quick checklist on the recommended configuration", "", chk["line"]]
+        lines += ["", "## Quick checklist on the fastest configuration", "", chk["line"]]
     lines += ["", "Each configuration's points: `configs/<configuration>/points/`.", ""]
     return "\n".join(lines)
 
@@ -699,7 +699,7 @@ def tune_html(doc: Mapping[str, Any]) -> str:
             else ""
         )
         + (
-            "<h2>Quick checklist on the recommended configuration</h2>"
+            "<h2>Quick checklist on the fastest configuration</h2>"
             f"<p>{html.escape(chk['line'])}</p>"
             if chk
             else ""

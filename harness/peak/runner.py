@@ -572,8 +572,11 @@ def headline_peak(
     every judged point, whose coverage is measured (tests/test_peak_edge_fit.py).
     Otherwise [L, U] from the repeats is the interval, and the peak is the logistic edge
     when it lies inside it (it uses the bracketing and bisection points too, so it is not
-    tied to the bisection's grid the way the midpoint is), else the midpoint."""
+    tied to the bisection's grid the way the midpoint is), else the midpoint. A server that
+    died during the search has no peak, whatever its points before held."""
     lo, hi = est.low_rps, est.high_rps
+    if est.limit == "server_exit":
+        return None, "none: the server died", (lo, hi), "repeats"
     if (
         precision is not None
         and fit is not None
