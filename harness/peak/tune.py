@@ -8,7 +8,12 @@ the peak, stop the server.
 
 Objective (stated in every report): the highest peak under the SLO wins; peaks within
 one search tolerance of each other are a tie, broken by the lower CPU per request (the
-cheaper configuration to run at the same traffic).
+cheaper configuration to run at the same traffic). Only a configuration whose search
+ended at the server's edge has a peak to rank (``config_status``: measured); one stopped
+by the load generator, its point budget or the search's ceiling is not measured, one whose
+server died or would not start failed — neither is ever recommended. The tune's verdict
+and exit code are the fastest configuration's quick-checklist verdict (``verdict_of``); a
+fastest configuration whose checklist fails is not recommended (``conclude``).
 
 Search, after Triton model_analyzer's two modes:
 
