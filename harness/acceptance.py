@@ -554,9 +554,13 @@ def _set_aside(run: ScenarioRun, reasons: Sequence[str]) -> dict[str, Any]:
 
 
 def calibrated_capacity(document: Mapping[str, Any] | None) -> float | None:
-    """The capacity a scenario's calibration probe measured, if it ran one."""
+    """The capacity a scenario's calibration probe measured, if it ran one and was not
+    judged disturbed (another tenant, a saturated generator: then the next scenario
+    calibrates on its own)."""
+    from harness.checks.engine import probe_reasons
+
     for sc in (document or {}).get("scenarios") or []:
-        if sc.get("calibration") and sc.get("capacity_rps"):
+        if sc.get("calibration") and sc.get("capacity_rps") and not probe_reasons(sc):
             return float(sc["capacity_rps"])
     return None
 

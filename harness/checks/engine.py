@@ -134,32 +134,87 @@ def _slo_ms(result: Mapping[str, Any], overrides: Mapping[str, Any], default: fl
     return min(slos) if slos else default
 
 
+def foreign_shares(
+    scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> list[v.ForeignShare]:
+    """The CPU not the run's on the server's cores (``system.series.foreign_cpu_pct`` over
+    ``foreign_cores``), as a share of their capacity: over the whole run (first), over the
+    judged part of each stage (after its ``warmup_s``), and over every
+    ``foreign_window_s`` window. Results recorded before that series: the run's cores'
+    unattributed CPU (``other_cpu_pct``) over every core of the machine. Empty when no
+    sampler measured it."""
+    p = ValidityParams.from_mapping((overrides or {}).get("validity"))
+    system = scenario_result.get("system") or {}
+    series = system.get("series") or {}
+    t = series.get("t") or []
+    pct = series.get("foreign_cpu_pct")
+    cores: Any = series.get("foreign_cores")
+    if pct is None:
+        pct, cores = series.get("other_cpu_pct"), len(series.get("per_core") or []) or 1
+    if not t or not pct:
+        return []
+    run_s = float(scenario_result.get("duration_s") or 0.0)
+    started, run_start = system.get("started_unix"), scenario_result.get("started_unix")
+    offset = float(started) - float(run_start) if started and run_start else 0.0
+    windows: list[tuple[str, float, float]] = [("the run", 0.0, run_s)] if run_s > 0 else []
+    for st in scenario_result.get("stages") or []:
+        a = float(st.get("start_s") or 0.0) + float(st.get("warmup_s") or 0.0)
+        b = float(st.get("end_s") or 0.0)
+        if run_s > 0:
+            b = min(b, run_s)
+        if b > a:
+            windows.append((f"stage '{st.get('name')}'", a, b))
+    return v.foreign_shares(
+        t,
+        pct,
+        cores,
+        windows,
+        offset_s=offset,
+        window_s=p.foreign_window_s,
+        run_s=run_s if run_s > 0 else None,
+    )
+
+
+def probe_reasons(scenario_result: Mapping[str, Any]) -> list[str]:
+    """The judged scenario's validity reasons about its capacity probe (another tenant
+    or a saturated generator while it measured): its capacity is not the server's, and
+    is not to be reused (``harness.acceptance`` pins only an undisturbed probe's)."""
+    return [r for r in scenario_result.get("validity") or [] if str(r).startswith(v.PROBE)]
+
+
 def disturbance_reasons(
     scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
 ) -> list[str]:
     """The validity reasons a disturbance of the machine gives: another tenant's CPU on the
-    run's cores, and requests that left late (dispatch lag). Unlike the generator's own
-    saturation, a sampler gap or unbalanced accounting, they say the machine was not quiet
-    for this run, not that the run cannot be measured here: the same run again may be
-    valid (``harness.acceptance`` runs it once more; docs/checks.md, "Invalid runs")."""
+    server's cores beyond the budget (over the run, a stage, any ``foreign_window_s``, or
+    the capacity probe), and requests that left late (dispatch lag). Unlike the
+    generator's own saturation, a sampler gap or unbalanced accounting, they say the
+    machine was not quiet for this run, not that the run cannot be measured here: the
+    same run again may be valid (``harness.acceptance`` runs it once more;
+    docs/checks.md, "Invalid runs")."""
     overrides = overrides or {}
     p = ValidityParams.from_mapping(overrides.get("validity"))
     system = scenario_result.get("system") or {}
-    sys_series = system.get("series") or {}
     reasons: list[str | None] = []
-    # another tenant on the run's cores (the sampler's unattributed CPU, minus workers
-    # started by hand that it adopted late): the server was not measured alone
-    other = sys_series.get("other_cpu_pct")
-    if other and sys_series.get("t"):
-        reasons.append(
-            v.foreign_cpu(
-                sys_series["t"],
-                other,
-                system.get("foreign_processes") or [],
-                max_pct=p.foreign_max_pct,
-                sustain_s=p.foreign_sustain_s,
-            )
+    # another tenant on the server's cores (the sampler's CPU there that no process of
+    # the run could have used), integrated: the server was not measured alone
+    started, run_start = system.get("started_unix"), scenario_result.get("started_unix")
+    reasons.append(
+        v.foreign_cpu_budget(
+            foreign_shares(scenario_result, overrides),
+            system.get("foreign_processes") or [],
+            budget=p.foreign_budget,
+            offset_s=float(started) - float(run_start) if started and run_start else 0.0,
+            interval_s=float((scenario_result.get("server") or {}).get("interval_s") or 1.0),
         )
+    )
+    # the capacity probe measured before the sampler started: its own accounting
+    probe_tenant, _ = v.probe_problems(
+        (scenario_result.get("calibration") or {}).get("cpu"),
+        budget=p.foreign_budget,
+        loadgen_max_pct=p.loadgen_max_pct,
+    )
+    reasons.append(probe_tenant)
 
     lag = d.optional_hist(scenario_result.get("dispatch_lag_hdr"))
     reasons.append(
@@ -217,6 +272,14 @@ def validity(
         )
 
     reasons += disturbance_reasons(scenario_result, overrides)
+    # the capacity probe's generator (not a disturbance: the same probe saturates again)
+    reasons.append(
+        v.probe_problems(
+            (scenario_result.get("calibration") or {}).get("cpu"),
+            budget=p.foreign_budget,
+            loadgen_max_pct=p.loadgen_max_pct,
+        )[1]
+    )
 
     server = scenario_result.get("server")
     if server:
@@ -255,7 +318,9 @@ def validity_margins(
     ``dispatch_lag_p99_ms``: the open-loop lag p99 and 10 % (``lag_max_fraction``) of
     the SLO. ``loadgen_cpu_pct``: the highest level the busiest generator process held
     for ``loadgen_sustain_s`` (``sustained_level``) and its per-process limit (older
-    results: the summed series and the limit × workers).
+    results: the summed series and the limit × workers). ``foreign_cpu_share``: the worst
+    window's share of the server's cores used by work not the run's (``foreign_shares``)
+    and the budget.
     For bench/flakiness.py: a ratio near 1 is a run about to be judged invalid.
     """
     overrides = overrides or {}
@@ -276,13 +341,10 @@ def validity_margins(
         workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
         held = v.sustained_level(t, cpu, p.loadgen_sustain_s)
         out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)
-    other = sys_series.get("other_cpu_pct") or []
-    if other and len(other) == len(t):
-        # the CPU not the run's that the run's cores held for foreign_sustain_s
-        out["foreign_cpu_pct"] = (
-            v.sustained_level(t, other, p.foreign_sustain_s),
-            p.foreign_max_pct,
-        )
+    shares = foreign_shares(scenario_result, overrides)
+    if shares:
+        # the worst window's share of the server's cores taken by work not the run's
+        out["foreign_cpu_share"] = (max(w.share for w in shares), p.foreign_budget)
     return out
 
 

@@ -135,8 +135,10 @@ class ValidityParams:
     max_missed_frac: float = 0.05
     max_gap_intervals: float = 5.0
     min_coverage: float = 0.9  # the sampler's first..last sample against the run
-    foreign_max_pct: float = 50.0  # CPU on the run's cores not the run's (% of a core)
-    foreign_sustain_s: float = 3.0  # ... held this long
+    # CPU on the server's cores not the run's, per core-s those cores had: over the run,
+    # each stage a check reads and every foreign_window_s (docs/checks.md "Invalid runs")
+    foreign_budget: float = 0.15
+    foreign_window_s: float = 10.0
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:

@@ -1,9 +1,17 @@
-"""System-wide CPU per core, and the load generator's own CPU (to flag a saturated generator).
+"""System-wide CPU per core, the load generator's own CPU (to flag a saturated generator),
+and the CPU on the server's cores that was not the run's (to flag another tenant).
 
 The generator's CPU is recorded summed (``system.csv``, for the report) and per process
 (``loadgen.csv``): each Locust process runs one gevent loop on one core, so one worker
 at 100 % beside an idle one is saturated although the sum is only half of two cores.
-Records only: whether the generator was saturated is decided by the checks.
+
+The run is its processes by ancestry only: the generator's trees (with what they start:
+CPU hogs, a fault proxy, a server the master started), the server's tree and the sampler.
+A process outside those trees is another tenant whatever it looks like (a ``locust
+--worker`` of another job included); the one exception is a process with the server's
+command line started after the server the sampler follows has gone (its own supervisor's
+restart), until the sampler follows it. Records only: whether the generator was saturated
+or the server disturbed is decided by the checks.
 """
 
 from __future__ import annotations
@@ -36,8 +44,14 @@ class SystemTick:
     # another process, the kernel's own work, a hypervisor's steal (None: not measured)
     other_cpu_pct: float | None = None
     # the busiest processes outside the run over this interval, when ``other_cpu_pct``
-    # was high enough to look: (pid, name, %CPU)
+    # (or ``foreign_cpu_pct``) was high enough to look: (pid, name, %CPU)
     foreign_procs: tuple[tuple[int, str, float], ...] = ()
+    # CPU busy on the server's cores (the server tree's affinity; without a server, the
+    # run's cores) that no process of the run able to run there used, % of one core: what
+    # another tenant took from the server (None: not measured)
+    foreign_cpu_pct: float | None = None
+    # how many cores ``foreign_cpu_pct`` is over (its capacity: this many x 100 %)
+    foreign_cores: int | None = None
 
 
 LOADGEN_COLUMNS = ["t", "pid", "name", "cpu_pct", "rss_bytes"]
@@ -59,6 +73,8 @@ def system_columns(cores: Iterable[int]) -> list[str]:
         *[f"cpu{c}_pct" for c in cores],
         "loadgen_cpu_pct",
         "other_cpu_pct",
+        "foreign_cpu_pct",
+        "foreign_cores",
     ]
 
 
@@ -125,10 +141,12 @@ def _cmdline(pid: int) -> bytes | None:
         return None
 
 
-def _is_locust_worker(pid: int) -> bool:
-    """``locust ... --worker`` (how a worker beside the master is started by hand)."""
-    argv = (_cmdline(pid) or b"").split(b"\0")
-    return b"--worker" in argv and any(b"locust" in a for a in argv[:3])
+def _gone(pid: int | None) -> bool:
+    """No such process, or only its zombie (it exited; nobody reaped it yet)."""
+    if pid is None:
+        return True
+    st = procfs.read_stat(f"/proc/{pid}/stat")
+    return st is None or st.state in ("Z", "X")
 
 
 def _cpu_ticks(
@@ -170,6 +188,21 @@ def _affinity(pids: Iterable[int]) -> set[int]:
     return cores
 
 
+def _off_cores(pids: Iterable[int], cores: Iterable[int]) -> set[int]:
+    """The pids whose affinity is known and shares no core with ``cores``: their CPU
+    cannot have been spent there. A pid whose affinity cannot be read is not among them
+    (its CPU is counted as if it ran there: never a tenant made out of the run's work)."""
+    want = set(cores)
+    off: set[int] = set()
+    for pid in pids:
+        try:
+            if not (os.sched_getaffinity(pid) & want):
+                off.add(pid)
+        except OSError:
+            continue
+    return off
+
+
 class SystemSampler:
     """Per-core and total CPU from /proc/stat; the generator's CPU (and RSS) from its processes."""
 
@@ -194,6 +227,10 @@ class SystemSampler:
         self._run: list[int] = []
         self._run_prev: dict[tuple[int, int], int] = {}
         self._scope: list[int] = []
+        # the server's cores (its tree's affinity; kept while a restarted server is not
+        # yet followed) and the run's processes that cannot run on them
+        self._server_cores: list[int] = []
+        self._off_server: set[int] = set()
         self._run_next = 0.0
         self._adopted: set[int] = set()
         self._boot_prev: float | None = None
@@ -243,17 +280,24 @@ class SystemSampler:
             self._sut_cmd = cmd
         me = os.getpid()
         self._scope = sorted(_affinity(p for p in self._run if p != me))
+        server = _affinity([*_tree(sut), *self._adopted]) if sut else set()
+        if server:
+            self._server_cores = sorted(server)
+        self._off_server = (
+            _off_cores(self._run, self._server_cores) if self._server_cores else set()
+        )
         self._remember(procfs.process_table())
 
     def _remember(self, table: tuple[float, dict[int, procfs.ProcRow]]) -> None:
         if not self._tables or self._tables[-1][0] != table[0]:
             self._tables.append(table)
 
-    def _run_ticks(self, boot_prev: float | None) -> tuple[int, dict[tuple[int, int], int]]:
-        """(Δticks of the run's processes since the last tick, counters by (pid, start)).
-        A process first seen now counts whole if it started after the last tick."""
-        delta, now, _ = _cpu_ticks(self._run, self._run_prev, started_after=boot_prev)
-        return delta, now
+    def _run_ticks(self, boot_prev: float | None) -> tuple[int, dict[tuple[int, int], int], int]:
+        """(Δticks of the run's processes since the last tick, counters by (pid, start),
+        Δticks of those that can run on the server's cores). A process first seen now
+        counts whole if it started after the last tick."""
+        delta, now, per = _cpu_ticks(self._run, self._run_prev, started_after=boot_prev)
+        return delta, now, sum(d for pid, _, d in per if pid not in self._off_server)
 
     def _foreign(self, run: set[int]) -> tuple[tuple[int, str, float], ...]:
         """The busiest processes outside the run since the last pass over /proc."""
@@ -283,7 +327,7 @@ class SystemSampler:
         self._cpu_prev = procfs.read_cpu_times()
         _, self._lg_prev, _ = self._loadgen_ticks(t)
         self._rescan_run()
-        _, self._run_prev = self._run_ticks(None)
+        _, self._run_prev, _ = self._run_ticks(None)
         self._run_next = t + self.loadgen_every_s
         self._t_prev = t
         self._boot_prev = time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -298,7 +342,7 @@ class SystemSampler:
             self._run_next = t + self.loadgen_every_s
         boot_prev = self._boot_prev
         boot_prev_ticks = None if boot_prev is None else boot_prev * HZ
-        run_delta, run_now = self._run_ticks(boot_prev_ticks)
+        run_delta, run_now, on_server = self._run_ticks(boot_prev_ticks)
         dt = t - self._t_prev if self._t_prev is not None else None
         prev = self._cpu_prev
         self._cpu_prev, self._lg_prev, self._t_prev = cpu_now, lg_now, t
@@ -316,37 +360,51 @@ class SystemSampler:
 
         lg = round(lg_delta * 100.0 / (HZ * dt), 2) if self.loadgen_pids else None
         other: float | None = None
+        on_cores: float | None = None
+        n_cores: int | None = None
         foreign: tuple[tuple[int, str, float], ...] = ()
         if self.run_pids is not None:
 
-            def unattributed(delta: int) -> float:
-                scope = [c for c in self._scope if c in cpu_now] or self.cores
+            def unattributed(cores: list[int], delta: int) -> float:
+                scope = [c for c in cores if c in cpu_now] or self.cores
                 busy = sum(pct(c) or 0.0 for c in scope)
                 return max(0.0, busy - delta * 100.0 / (HZ * dt))
 
-            other = unattributed(run_delta)
-            if other > LOOK_PCT and not rescanned:
+            def server_cores() -> list[int]:
+                return [c for c in self._server_cores or self._scope if c in cpu_now] or (
+                    self.cores
+                )
+
+            other = unattributed(self._scope, run_delta)
+            on_cores = unattributed(server_cores(), on_server)
+            if max(other, on_cores) > LOOK_PCT and not rescanned:
                 # a process of the run started since the last rescan: find it now
                 self._rescan_run(fresh=True)
-                run_delta, run_now = self._run_ticks(boot_prev_ticks)
-                other = unattributed(run_delta)
-            if other > LOOK_PCT:
+                run_delta, run_now, on_server = self._run_ticks(boot_prev_ticks)
+                other = unattributed(self._scope, run_delta)
+                on_cores = unattributed(server_cores(), on_server)
+            if max(other, on_cores) > LOOK_PCT:
                 foreign = self._foreign(set(self._run))
-                workers = [
+                sut = self.sut_pid() if self.sut_pid is not None else None
+                restarted = [
                     f
                     for f in foreign
-                    if _is_locust_worker(f[0])
-                    or (self._sut_cmd is not None and _cmdline(f[0]) == self._sut_cmd)
+                    if self._sut_cmd is not None and _gone(sut) and _cmdline(f[0]) == self._sut_cmd
                 ]
-                if workers:
-                    # the run's, in nobody's tree: a Locust worker started by hand beside
-                    # the master, or the server restarted by its own supervisor before the
-                    # sampler follows it — adopted (counted from the next tick on)
-                    self._adopted.update(f[0] for f in workers)
+                if restarted:
+                    # the run's, in nobody's tree: the server the sampler follows is gone
+                    # and a process with its command line runs — its own supervisor's
+                    # restart, before the sampler follows it: adopted (counted from the
+                    # next tick on). Nothing else outside the run's trees ever is.
+                    self._adopted.update(f[0] for f in restarted)
                     self._run = sorted({*self._run, *self._adopted})
-                    other = max(0.0, other - sum(f[2] for f in workers))
-                    foreign = tuple(f for f in foreign if f not in workers)
+                    used = sum(f[2] for f in restarted)
+                    other = max(0.0, other - used)
+                    on_cores = max(0.0, on_cores - used)
+                    foreign = tuple(f for f in foreign if f not in restarted)
             other = round(other, 2)
+            on_cores = round(on_cores, 2)
+            n_cores = len(server_cores())
         self._run_prev = run_now
         tick = SystemTick(
             t=round(t, 4),
@@ -361,11 +419,16 @@ class SystemSampler:
             ),
             other_cpu_pct=other,
             foreign_procs=foreign,
+            foreign_cpu_pct=on_cores,
+            foreign_cores=n_cores,
         )
         self.recent.append(tick)
         if self._csv is not None:
             self._csv.write(
-                [(tick.t, tick.ts, tick.late_s, tick.cpu_pct, *tick.per_core, lg, other)]
+                [
+                    (tick.t, tick.ts, tick.late_s, tick.cpu_pct, *tick.per_core, lg, other)
+                    + (on_cores, n_cores)
+                ]
             )
         if self._lg_csv is not None:
             self._lg_csv.write([(tick.t, *p) for p in tick.loadgen_procs])
@@ -377,3 +440,70 @@ class SystemSampler:
         for f in (self._csv, self._lg_csv, self._foreign_csv):
             if f is not None:
                 f.close()
+
+
+class ForeignMeter:
+    """The CPU on the server's cores that the run's processes did not use, between two
+    moments: two reads of /proc/stat and of the run's processes, no ticking — for a
+    window the sampler does not see, such as the capacity probe (it runs before the
+    sampler starts).
+
+    The run is ``roots`` (default: this process) and their descendants plus the
+    server's tree (``sut_pid``), by ancestry only, as the sampler counts it. The server's
+    cores are its tree's affinity; a process of the run that cannot run on them is not
+    subtracted from their busy time. Without a server pid on this host (a target given
+    by URL only, or on an agent's host) only the generator's own CPU is measured.
+    """
+
+    def __init__(self, sut_pid: int | None, roots: Iterable[int] | None = None) -> None:
+        self.sut_pid = sut_pid
+        self.roots = list(roots) if roots is not None else [os.getpid()]
+        self._pids = run_pids(self.roots, sut=lambda: [sut_pid] if sut_pid else [])
+        self._start: tuple[float, dict[int, tuple[int, int]], dict, int] | None = None
+        self._cores: list[int] = []
+        self._boot = 0.0  # boot-time clock ticks at start: a process started since is new
+
+    def _own_ticks(self) -> int:
+        return sum(
+            st.utime + st.stime
+            for st in (procfs.read_stat(f"/proc/{p}/stat") for p in self.roots)
+            if st is not None
+        )
+
+    def start(self) -> None:
+        procfs.process_table(max_age_s=0.0)
+        if self.sut_pid and not _gone(self.sut_pid):
+            self._cores = sorted(_affinity(_tree(self.sut_pid)))
+        _, procs, _ = _cpu_ticks(self._pids(), {})
+        self._start = (time.monotonic(), procfs.read_cpu_times(), procs, self._own_ticks())
+        self._boot = time.clock_gettime(time.CLOCK_BOOTTIME) * HZ
+
+    def stop(self) -> dict:
+        """``measured`` (false with ``why`` when the server's CPU is not on this host),
+        ``span_s``, ``server_cores``, ``foreign_core_s`` (busy on the server's cores not
+        used by the run), ``loadgen_cpu_s`` (the generator's own process, ``roots``)."""
+        if self._start is None:
+            raise RuntimeError("ForeignMeter.stop() before start()")
+        t0, cpu0, procs0, own0 = self._start
+        procfs.process_table(max_age_s=0.0)
+        pids = self._pids()
+        _, _, per = _cpu_ticks(pids, procs0, started_after=self._boot)
+        cpu1, own1 = procfs.read_cpu_times(), self._own_ticks()
+        span = time.monotonic() - t0
+        out: dict = {"span_s": round(span, 3), "loadgen_cpu_s": round((own1 - own0) / HZ, 3)}
+        if not self._cores:
+            why = (
+                "no server process on this host to tell the run's CPU from another tenant's"
+                if not self.sut_pid
+                else f"the server (pid {self.sut_pid}) was not running"
+            )
+            return {**out, "measured": False, "why": why}
+        off = _off_cores([pid for pid, _, _ in per], self._cores)
+        run = sum(d for pid, _, d in per if pid not in off)
+        busy = sum(cpu1[c][0] - cpu0[c][0] for c in self._cores if c in cpu0 and c in cpu1)
+        return {
+            **out,
+            "measured": True,
+            "server_cores": self._cores,
+            "foreign_core_s": round(max(0, busy - run) / HZ, 3),
+        }

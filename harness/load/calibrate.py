@@ -5,6 +5,13 @@ checklist serves a slow CPU server and a fast GPU server alike. The probe keeps 
 requests in flight back to back (enough to fill the server's batches) for ``duration_s``,
 discards the first ``warmup_fraction`` and reports the rate of ``ok`` answers over the
 rest: what the server actually completes, not what it was offered.
+
+The probe runs before the sampler starts, so it accounts for its own window
+(``harness.collectors.system.ForeignMeter``, read at the end of the warm-up and at the
+end): the CPU on the server's cores that was not the run's, and the generator's own CPU.
+They are recorded as ``calibration.cpu``; the checks judge the probe with them (another
+tenant, a saturated generator) like any measurement, and a disturbed probe's capacity is
+not pinned for later scenarios.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 import gevent
 import gevent.pool
 
+from harness.collectors.system import ForeignMeter
 from harness.errors import TargetUnavailable
 from harness.load import http
 from harness.load.payloads import PayloadPool, make_id
@@ -35,6 +43,8 @@ class Calibration:
     errors: int
     p50_ms: float | None
     p99_ms: float | None
+    # the probe's own CPU accounting over its measured part (ForeignMeter.stop())
+    cpu: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,8 +61,11 @@ def calibrate(
     timeout_s: float,
     warmup_fraction: float = 0.2,
     clock: Callable[[], float] = time.perf_counter,
+    sut_pid: int | None = None,
 ) -> Calibration:
-    """Run the probe in this process (gevent) and return the measured capacity."""
+    """Run the probe in this process (gevent) and return the measured capacity, with the
+    CPU accounting of its measured part (``sut_pid``: the server's process on this host,
+    None when it is elsewhere or unknown — then only the generator's CPU is measured)."""
     start = clock()
     measure_from = start + duration_s * warmup_fraction
     stop_at = start + duration_s
@@ -88,11 +101,20 @@ def calibrate(
         finally:
             conn.close()
 
+    meter = ForeignMeter(sut_pid)
+
+    def start_meter() -> None:
+        gevent.sleep(max(0.0, measure_from - clock()))
+        meter.start()
+
     group = gevent.pool.Group()
     for _ in range(users):
         group.spawn(user)
+    metering = gevent.spawn(start_meter)
     group.join(timeout=duration_s + timeout_s + 5)
     group.kill(block=False)
+    metering.join(timeout=1.0)
+    cpu = meter.stop() if metering.successful() else None
     measured = max(1e-9, last_done[0] - measure_from)
     if counts["ok"] == 0:
         raise TargetUnavailable(
@@ -110,4 +132,5 @@ def calibrate(
         errors=counts["errors"],
         p50_ms=pct["p50_ms"],
         p99_ms=pct["p99_ms"],
+        cpu=cpu,
     )
