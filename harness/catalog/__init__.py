@@ -385,10 +385,11 @@ CATALOG = Catalog(
             "integrity.failures",
             unit="ratio",
             op="<=",
-            # 1 %: the healthy reference server fails none of the quick run's ~17,000
-            # (0.3x and 0.9x); a bound of 1 % leaves the mismatch check at least 99 % of
-            # what it was meant to see. min_requests as steady.error_rate.
-            defaults=_defaults(threshold=0.01, min_requests=100),
+            # 5 %: the mismatch check still sees 95 % of what it was meant to, while the
+            # high stage's 0.9x of a 5 s probe's capacity may honestly shed a few % (a
+            # healthy server on a disturbed box: 240 of 14,844 answered 503, 1.6 %; on a
+            # quiet one none of ~17,000). min_requests as steady.error_rate.
+            defaults=_defaults(threshold=0.05, min_requests=100),
             summary="share of the requests meant to be verified that got no answer to verify "
             "(failed, timed out, dropped, non-200)",
             passes_when="≤ {threshold:%} of the requests meant to be verified got no "
