@@ -167,6 +167,33 @@ def test_a_process_the_run_starts_between_rescans_is_the_runs(tmp_path):
     assert _median([tk.foreign_cpu_pct for tk in after]) < 30, after
 
 
+def test_a_process_of_the_run_that_exits_between_ticks_is_still_the_runs(tmp_path):
+    """A busy process of the run killed and reaped 0.4 s after a tick (a crash chaos
+    kill, a short-lived child): its last 0.4 s of CPU is in its reaper's counter
+    (cutime), not lost — before, that tick showed ~80 % of a core of foreign CPU."""
+    child = subprocess.Popen([sys.executable, "-c", BUSY])
+    sampler = SystemSampler(tmp_path, run_pids=run_pids([os.getpid()]), loadgen_every_s=60.0)
+    ticks: list = []
+
+    def tick(t: float, late: float) -> None:
+        ticks.append((t, sampler.sample(t, 0.0)))
+        if child.poll() is None and t > 0.9:
+            time.sleep(0.4)
+            child.kill()
+            child.wait()  # reaped by this process, which is the run's
+
+    try:
+        loop = TickLoop(0.5)
+        t0 = loop.start()
+        sampler.baseline(time.monotonic() - t0)
+        loop.run(tick, 3.0)
+        sampler.close()
+    finally:
+        _stop(child)
+    foreign = [tk.foreign_cpu_pct for t, tk in ticks if tk is not None]
+    assert max(foreign) < 30, foreign
+
+
 def test_a_locust_worker_outside_the_runs_tree_is_another_tenant(tmp_path):
     """Adoption is by ancestry only: a process that looks like a Locust worker
     (``locust … --worker``, another CI job's) but descends from no process of the run is
@@ -262,6 +289,31 @@ def test_the_system_csv_has_the_foreign_columns(tmp_path: Path):
     _sample(sampler, 1.0)
     header = (tmp_path / "system.csv").read_text().splitlines()[0].split(",")
     assert header[-3:] == ["other_cpu_pct", "foreign_cpu_pct", "foreign_cores"]
+
+
+def test_the_load_generators_host_records_its_tenant_beside_the_agents_samples(tmp_path):
+    """With the server on an agent's host, the master's host is sampled by
+    ``harness.agent.loadgen`` over the master's tree: the CPU there that was not the run's
+    lands on the agent's ticks (by wall clock) as ``loadgen_foreign_cpu_pct``."""
+    from harness.agent.loadgen import merge
+
+    samples, local = tmp_path / "samples", tmp_path / "local"
+    samples.mkdir()
+    local.mkdir()
+    head = (
+        "t,ts,late_s,cpu_pct,cpu0_pct,loadgen_cpu_pct,other_cpu_pct,foreign_cpu_pct,foreign_cores\n"
+    )
+    (samples / "system.csv").write_text(
+        head + "".join(f"{t},{1050.0 + t},0,10,10,,1,2,1\n" for t in (1.0, 2.0, 3.0, 9.0))
+    )
+    (local / "system.csv").write_text(
+        head + "".join(f"{t},{1000.3 + t},0,5,5,12,{30 * t},{30 * t},2\n" for t in (1.0, 2.0, 3.0))
+    )
+    assert merge(samples, local, 50.0) == 3
+    series = read_samples(samples)["system"]["series"]
+    assert series["loadgen_foreign_cpu_pct"] == [30.0, 60.0, 90.0, None]
+    assert series["loadgen_foreign_cores"] == [2, 2, 2, None]
+    assert series["foreign_cpu_pct"] == [2, 2, 2, 2]  # the server's host's own, untouched
 
 
 # --- the capacity probe's own accounting (real processes) -----------------------------
@@ -420,6 +472,36 @@ def test_the_budget_and_window_come_from_the_checklist_and_old_results_still_jud
     bare = _run("steady")
     bare["system"] = bare["server"] = None
     assert validity(bare) == []
+
+
+def test_without_a_sampler_the_verdict_says_foreign_cpu_was_not_measured():
+    """No sampler ran (a target given by URL only, ``--no-sample``): nothing could make
+    the run invalid for another tenant, and the result says so beside the verdict
+    (``not_measured``, shown by summary.md and report.html) — not a silent pass."""
+    from harness.report.html import render_html
+    from harness.report.summary import render_summary
+
+    bare = _run("steady", failing=False)
+    bare["system"] = bare["server"] = None
+    bare["calibration"] = {
+        "capacity_rps": 400.0,
+        "cpu": {
+            "measured": False,
+            "why": "no server process on this host to tell the run's CPU from another tenant's",
+            "span_s": 4.0,
+            "loadgen_cpu_s": 1.0,
+        },
+    }
+    judged = judge_scenario(bare)
+    assert judged["verdict"] == "pass" and judged["validity"] == []
+    first, probe = judged["not_measured"]
+    assert first.startswith("foreign CPU on the server's cores: not measured — no sampler ran")
+    assert probe.startswith("foreign CPU during the capacity probe: not measured — no server")
+    doc = {**rf.build_document(scenarios=["steady_state"]), "scenarios": [judged]}
+    assert "Not measured: foreign CPU on the server" in render_summary(doc)
+    assert "Not measured: foreign CPU on the server" in render_html(doc)
+    # measured: no note
+    assert "not_measured" not in judge_scenario(_run("none", failing=False))
 
 
 # --- the capacity probe judged (synthetic) --------------------------------------------

@@ -8,7 +8,10 @@ the master's process tree (its ``--processes`` children included; workers on oth
 are measured by nobody, as before), into ``samples/local/``. ``merge`` then puts its
 figures on the agent's tick grid — by wall clock, the agent's times moved by the offset
 measured at connect — so ``system.loadgen_cpu_pct`` and ``loadgen_processes`` read as
-they do on one host.
+they do on one host. The CPU on the generator's cores that the master's tree did not use
+(another tenant on this host) is merged too, as ``system.series.loadgen_foreign_cpu_pct``
+over ``loadgen_foreign_cores`` cores: recorded, and judged through what it does to the
+generator (dispatch lag, saturation), as on one host (docs/checks.md "Invalid runs").
 
 Run as ``python -m harness.agent.loadgen --out DIR --loadgen-pid PID``: a subprocess, so
 the sampling never shares the Locust process's gevent loop.
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.collectors.loop import TickLoop
-from harness.collectors.system import SystemSampler, loadgen_pids
+from harness.collectors.system import SystemSampler, loadgen_pids, run_pids
 
 META = "loadgen.json"
 
@@ -44,7 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    system = SystemSampler(out, loadgen_pids=loadgen_pids(args.loadgen_pid))
+    # the run on this host is the master's tree (by ancestry): the rest is another tenant's
+    system = SystemSampler(
+        out, loadgen_pids=loadgen_pids(args.loadgen_pid), run_pids=run_pids(args.loadgen_pid)
+    )
     loop = TickLoop(args.interval, stop=stop)
     t0 = loop.start()
     system.baseline(time.monotonic() - t0)
@@ -71,9 +77,11 @@ def _rows(path: Path) -> list[list[str]]:
 
 
 def merge(samples: Path, local: Path, offset_s: float, tolerance_s: float = 0.75) -> int:
-    """Fill ``samples/system.csv``'s ``loadgen_cpu_pct`` and write ``samples/loadgen.csv``
-    from the local measurement in ``local``; each agent tick takes the local tick nearest
-    in wall-clock time (within ``tolerance_s``, else left empty). Returns the ticks filled."""
+    """Fill ``samples/system.csv``'s ``loadgen_cpu_pct`` (and, when the local sampler
+    recorded it, ``loadgen_foreign_cpu_pct`` / ``loadgen_foreign_cores``: the CPU on this
+    host's generator cores that was not the run's) and write ``samples/loadgen.csv`` from
+    the local measurement in ``local``; each agent tick takes the local tick nearest in
+    wall-clock time (within ``tolerance_s``, else left empty). Returns the ticks filled."""
     agent_rows = _rows(samples / "system.csv")
     local_rows = _rows(local / "system.csv")
     if len(agent_rows) < 2 or len(local_rows) < 2:
@@ -81,6 +89,21 @@ def merge(samples: Path, local: Path, offset_s: float, tolerance_s: float = 0.75
     ah, lh = agent_rows[0], local_rows[0]
     a_t, a_ts, a_lg = ah.index("t"), ah.index("ts"), ah.index("loadgen_cpu_pct")
     l_t, l_ts, l_lg = lh.index("t"), lh.index("ts"), lh.index("loadgen_cpu_pct")
+    # (local column → agent column) copied tick by tick besides the generator's CPU
+    extra = [
+        (lh.index(src), dst)
+        for src, dst in (
+            ("foreign_cpu_pct", "loadgen_foreign_cpu_pct"),
+            ("foreign_cores", "loadgen_foreign_cores"),
+        )
+        if src in lh
+    ]
+    for _, dst in extra:
+        if dst not in ah:
+            ah.append(dst)
+            for row in agent_rows[1:]:
+                row.append("")
+    extra_at = [(src, ah.index(dst)) for src, dst in extra]
     local_ts = [float(r[l_ts]) for r in local_rows[1:]]
     t_map: dict[float, str] = {}  # local t → the agent's t (as written) it stands for
     filled = 0
@@ -91,9 +114,13 @@ def merge(samples: Path, local: Path, offset_s: float, tolerance_s: float = 0.75
         j = min(near, key=lambda k: abs(local_ts[k] - when))
         if abs(local_ts[j] - when) > tolerance_s:
             row[a_lg] = ""
+            for _, dst in extra_at:
+                row[dst] = ""
             continue
         lrow = local_rows[1 + j]
         row[a_lg] = lrow[l_lg]
+        for src, dst in extra_at:
+            row[dst] = lrow[src]
         t_map.setdefault(float(lrow[l_t]), row[a_t])
         filled += 1
     _write(samples / "system.csv", agent_rows)

@@ -189,7 +189,13 @@ def _system(d: Path, meta: dict) -> dict | None:
         return None
     cores = [c for c in header if c.startswith("cpu") and c != "cpu_pct"]
     series: dict[str, list] = {"t": [], "cpu_pct": [], "loadgen_cpu_pct": []}
-    for optional in ("other_cpu_pct", "foreign_cpu_pct", "foreign_cores"):
+    for optional in (
+        "other_cpu_pct",
+        "foreign_cpu_pct",
+        "foreign_cores",
+        "loadgen_foreign_cpu_pct",  # the generator's host, when the server is on an agent's
+        "loadgen_foreign_cores",
+    ):
         if optional in header:  # absent in samples written before it was recorded
             series[optional] = []
     per_core: list[list] = [[] for _ in cores]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +178,80 @@ def _cpu_ticks(
     return delta, now, per
 
 
+# A run process's CPU counters: (own utime + stime, its reaped children's cutime +
+# cstime, its parent's pid), in clock ticks.
+RunCounters = dict[tuple[int, int], tuple[int, int, int]]
+
+
+def _read_run_stat(pid: int) -> tuple[int, int, int, int] | None:
+    """(starttime, own CPU ticks, reaped children's CPU ticks, ppid) from /proc/PID/stat;
+    a zombie still reads (its final figures)."""
+    data = procfs._read(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    try:
+        f = data[data.rindex(b")") + 2 :].split()
+        # f[0] is field 3 (state): field n is f[n - 3]
+        return int(f[19]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14]), int(f[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _run_cpu(
+    pids: Iterable[int],
+    prev: RunCounters,
+    off: Container[int] = (),
+    started_after: float | None = None,
+) -> tuple[int, int, RunCounters]:
+    """CPU clock ticks the run's processes used since ``prev``: (all of them, those not in
+    ``off`` — the ones that can run on the server's cores —, counters now).
+
+    A process's counter includes its reaped children's CPU (cutime + cstime), so a
+    process of the run that exited since the last call still counts: its last moments
+    are in its parent's counter once reaped (a killed server reaped by the harness, a
+    short-lived child started and reaped between two calls), and what was counted of it
+    before is not counted twice. A process not in ``prev`` counts whole when it started
+    after ``started_after`` (boot-time clock ticks), else from the next call on."""
+    now: RunCounters = {}
+    total = on = 0
+    reaped_by: dict[int, int] = {}  # pid → Δ of its reaped children's CPU
+    for pid in pids:
+        st = _read_run_stat(pid)
+        if st is None:
+            continue
+        start, own, reaped, ppid = st
+        key = (pid, start)
+        now[key] = (own, reaped, ppid)
+        if key in prev:
+            d = own + reaped - prev[key][0] - prev[key][1]
+            reaped_by[pid] = reaped - prev[key][1]
+        elif started_after is not None and start + 1 > started_after:
+            d = own + reaped
+        else:
+            continue
+        total += d
+        if pid not in off:
+            on += d
+    gone_on: dict[int, int] = {}  # reaper off the server's cores → CPU counted of its gone children
+    for (pid, start), (own, reaped, ppid) in prev.items():
+        if (pid, start) in now or ppid not in reaped_by:
+            continue  # still here; or not reaped by a process of the run: lost
+        st = _read_run_stat(pid)
+        if st is not None and st[0] == start:
+            continue  # alive, only no longer among the run's (reparented)
+        counted = own + reaped
+        total -= counted
+        if ppid not in off:
+            on -= counted  # its reaper's jump was counted on the server's side
+        elif pid not in off:
+            gone_on[ppid] = gone_on.get(ppid, 0) + counted
+    for ppid, counted in gone_on.items():
+        # a child that ran on the server's cores, reaped by a process that cannot: what it
+        # used since it was last counted is there, not on its reaper's cores
+        on += max(0, reaped_by.get(ppid, 0) - counted)
+    return total, on, now
+
+
 def _affinity(pids: Iterable[int]) -> set[int]:
     cores: set[int] = set()
     for pid in pids:
@@ -225,7 +299,7 @@ class SystemSampler:
         self.sut_pid = sut_pid
         self._sut_cmd: bytes | None = None
         self._run: list[int] = []
-        self._run_prev: dict[tuple[int, int], int] = {}
+        self._run_prev: RunCounters = {}
         self._scope: list[int] = []
         # the server's cores (its tree's affinity; kept while a restarted server is not
         # yet followed) and the run's processes that cannot run on them
@@ -292,12 +366,11 @@ class SystemSampler:
         if not self._tables or self._tables[-1][0] != table[0]:
             self._tables.append(table)
 
-    def _run_ticks(self, boot_prev: float | None) -> tuple[int, dict[tuple[int, int], int], int]:
+    def _run_ticks(self, boot_prev: float | None) -> tuple[int, RunCounters, int]:
         """(Δticks of the run's processes since the last tick, counters by (pid, start),
-        Δticks of those that can run on the server's cores). A process first seen now
-        counts whole if it started after the last tick."""
-        delta, now, per = _cpu_ticks(self._run, self._run_prev, started_after=boot_prev)
-        return delta, now, sum(d for pid, _, d in per if pid not in self._off_server)
+        Δticks of those that can run on the server's cores): ``_run_cpu``."""
+        delta, on, now = _run_cpu(self._run, self._run_prev, self._off_server, boot_prev)
+        return delta, now, on
 
     def _foreign(self, run: set[int]) -> tuple[tuple[int, str, float], ...]:
         """The busiest processes outside the run since the last pass over /proc."""
@@ -459,7 +532,7 @@ class ForeignMeter:
         self.sut_pid = sut_pid
         self.roots = list(roots) if roots is not None else [os.getpid()]
         self._pids = run_pids(self.roots, sut=lambda: [sut_pid] if sut_pid else [])
-        self._start: tuple[float, dict[int, tuple[int, int]], dict, int] | None = None
+        self._start: tuple[float, dict[int, tuple[int, int]], RunCounters, int] | None = None
         self._cores: list[int] = []
         self._boot = 0.0  # boot-time clock ticks at start: a process started since is new
 
@@ -474,7 +547,7 @@ class ForeignMeter:
         procfs.process_table(max_age_s=0.0)
         if self.sut_pid and not _gone(self.sut_pid):
             self._cores = sorted(_affinity(_tree(self.sut_pid)))
-        _, procs, _ = _cpu_ticks(self._pids(), {})
+        _, _, procs = _run_cpu(self._pids(), {})
         self._start = (time.monotonic(), procfs.read_cpu_times(), procs, self._own_ticks())
         self._boot = time.clock_gettime(time.CLOCK_BOOTTIME) * HZ
 
@@ -487,7 +560,8 @@ class ForeignMeter:
         t0, cpu0, procs0, own0 = self._start
         procfs.process_table(max_age_s=0.0)
         pids = self._pids()
-        _, _, per = _cpu_ticks(pids, procs0, started_after=self._boot)
+        off = _off_cores(pids, self._cores) if self._cores else set()
+        _, run, _ = _run_cpu(pids, procs0, off, started_after=self._boot)
         cpu1, own1 = procfs.read_cpu_times(), self._own_ticks()
         span = time.monotonic() - t0
         out: dict = {"span_s": round(span, 3), "loadgen_cpu_s": round((own1 - own0) / HZ, 3)}
@@ -498,8 +572,6 @@ class ForeignMeter:
                 else f"the server (pid {self.sut_pid}) was not running"
             )
             return {**out, "measured": False, "why": why}
-        off = _off_cores([pid for pid, _, _ in per], self._cores)
-        run = sum(d for pid, _, d in per if pid not in off)
         busy = sum(cpu1[c][0] - cpu0[c][0] for c in self._cores if c in cpu0 and c in cpu1)
         return {
             **out,
