@@ -310,6 +310,31 @@ def validity(
     return [r for r in reasons if r]
 
 
+def not_measured(scenario_result: Mapping[str, Any]) -> list[str]:
+    """What validity could not judge for want of a measurement — said with the verdict
+    (``not_measured`` in the result, shown by the reports), never a reason the run is
+    invalid: another tenant's CPU on the server's cores when no sampler measured it (a
+    target given by URL only, ``--no-sample``), and during the capacity probe when the
+    server's process was not on this host."""
+    out: list[str] = []
+    series = (scenario_result.get("system") or {}).get("series") or {}
+    if not (series.get("foreign_cpu_pct") or series.get("other_cpu_pct")):
+        out.append(
+            "foreign CPU on the server's cores: not measured — no sampler ran (a target "
+            "given without --sut-pid, or --no-sample), so another tenant taking the "
+            "server's CPU could not make this run invalid; pass --sut-pid, --sut-cmd or "
+            "--agent to measure it"
+        )
+    calibration = scenario_result.get("calibration") or {}
+    probe = calibration.get("cpu") if isinstance(calibration, Mapping) else None
+    if isinstance(probe, Mapping) and not probe.get("measured"):
+        out.append(
+            "foreign CPU during the capacity probe: not measured — "
+            f"{probe.get('why') or 'the server was not on this host'}"
+        )
+    return out
+
+
 def validity_margins(
     scenario_result: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
 ) -> dict[str, tuple[float | None, float]]:
@@ -395,6 +420,9 @@ def judge_scenario(
         for c in checks
     ]
     scenario_result["validity"] = reasons
+    unmeasured = not_measured(scenario_result)
+    if unmeasured:
+        scenario_result["not_measured"] = unmeasured
     # A server that died is a failure of the server, whatever else went
     # wrong with the measurement after it was gone.
     scenario_result["verdict"] = (

@@ -357,6 +357,9 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
             f'<p class="skipped">Nothing was judged (not a pass): {esc(not_judged_reason(sc))}</p>'
         )
     parts += [f'<p class="fail">{esc(p)}</p>' for p in run_problems(sc)]
+    parts += [
+        f'<p class="skipped">Not measured: {esc(n)}</p>' for n in sc.get("not_measured") or []
+    ]
     sut_exit = sc.get("sut_exit")
     tail = sut_exit.get("log_tail") if isinstance(sut_exit, Mapping) else None
     if tail:

@@ -136,6 +136,8 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
     problems = run_problems(sc)
     if problems:
         lines += [f"> ❌ {md(p)}" for p in problems] + [""]
+    if sc.get("not_measured"):
+        lines += [f"> 📏 Not measured: {md(n)}" for n in sc["not_measured"]] + [""]
     if not checks:
         return [*lines, "_No checks were evaluated._", "", *_server_split(sc)]
     lines += ["| check | verdict | value | threshold | n | detail |", "|---|---|---|---|---|---|"]

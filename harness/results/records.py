@@ -305,6 +305,9 @@ class ScenarioResult(TypedDict):
     loadgen: NotRequired[dict[str, Any] | None]
     server_stats: NotRequired[ServerStats]  # the server's statistics extension
     attempts: NotRequired[list[Attempt]]  # earlier attempts set aside as invalid
+    # what validity could not judge for want of a measurement (another tenant's CPU when
+    # no sampler ran): said with the verdict, not a reason the run is invalid
+    not_measured: NotRequired[list[str]]
 
 
 class Attempt(TypedDict):
