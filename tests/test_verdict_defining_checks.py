@@ -129,9 +129,7 @@ def test_a_scenario_the_user_accepted_not_running_does_not_block_a_pass() -> Non
     doc["excluded"] = [{"name": "soak", "reason": "nothing samples the server"}]
     doc = judge(doc)
     assert doc["verdict"] == "pass"
-    assert "soak (accepted with --allow-skip: nothing samples the server)" in verdict_sentence(
-        doc
-    )
+    assert "soak (accepted with --allow-skip: nothing samples the server)" in verdict_sentence(doc)
 
 
 # --- before load: what is knowable is refused (run) or left out and counted (acceptance) ---
@@ -243,16 +241,28 @@ def test_a_configuration_error_while_preparing_is_exit_2_not_invalid(tmp_path, m
         acc.run_plan(plan, show=lambda _: None)
 
 
+@pytest.mark.parametrize("wrote_results", [True, False])
 def test_a_configuration_error_found_late_keeps_what_ran_and_is_not_a_pass(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, wrote_results
 ):
+    """A scenario whose Locust run exits 2 after others measured something (with or
+    without a results document of its own): the measured ones are judged and written, it
+    is named as not run with its error, and the run is not a pass (the old rule: exit 0)."""
+    failed = _config_error_doc("rolling_shutdown") if wrote_results else None
     acc = _fake_runs(
         monkeypatch,
-        {
-            "steady_state": (0, _doc(_steady())),
-            "rolling_shutdown": (2, _config_error_doc("rolling_shutdown")),
-        },
+        {"steady_state": (0, _doc(_steady())), "rolling_shutdown": (2, failed)},
     )
+    if not wrote_results:
+        original = acc.run_one
+
+        def with_log(plan, name, *args, **kw):
+            run = original(plan, name, *args, **kw)
+            if name == "rolling_shutdown":
+                run.error = "model 'mlp' reports no inputs; state them with --input"
+            return run
+
+        monkeypatch.setattr(acc, "run_one", with_log)
     plan = acc.Plan(
         scenarios=("steady_state", "rolling_shutdown"),
         mode="quick",
@@ -263,9 +273,10 @@ def test_a_configuration_error_found_late_keeps_what_ran_and_is_not_a_pass(
     doc = outcome.document
     assert [sc["name"] for sc in doc["scenarios"]] == ["steady_state"]
     assert doc["excluded"][0]["name"] == "rolling_shutdown"
+    assert "configuration error" in doc["excluded"][0]["reason"]
     assert "reports no inputs" in doc["excluded"][0]["reason"]
-    # the old rule: "NOT RUN", exit 0
     assert doc["verdict"] == "not_judged" and outcome.exit_code == ExitCode.NOT_JUDGED
+    assert not doc.get("partial")
     assert (tmp_path / "results.json").exists() and (tmp_path / "summary.md").exists()
 
 
