@@ -238,7 +238,7 @@ def foreign_cpu_budget(
     shares: Sequence[ForeignShare],
     foreign: Sequence[Mapping[str, object]] = (),
     *,
-    budget: float = 0.15,
+    budget: float = 0.05,
     offset_s: float = 0.0,
     interval_s: float = 1.0,
     cores: Sequence[int] | None = None,
@@ -297,7 +297,7 @@ PROBE = "the capacity probe: "
 def probe_problems(
     probe_cpu: Mapping[str, object] | None,
     *,
-    budget: float = 0.15,
+    budget: float = 0.05,
     loadgen_max_pct: float = 90.0,
 ) -> tuple[str | None, str | None]:
     """(another tenant, the generator saturated) during the capacity probe, from the

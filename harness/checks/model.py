@@ -137,7 +137,7 @@ class ValidityParams:
     min_coverage: float = 0.9  # the sampler's first..last sample against the run
     # CPU on the server's cores not the run's, per core-s those cores had: over the run,
     # each stage a check reads and every foreign_window_s (docs/checks.md "Invalid runs")
-    foreign_budget: float = 0.15
+    foreign_budget: float = 0.05
     foreign_window_s: float = 10.0
 
     @classmethod

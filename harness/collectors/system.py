@@ -56,9 +56,12 @@ class SystemTick:
 
 LOADGEN_COLUMNS = ["t", "pid", "name", "cpu_pct", "rss_bytes"]
 FOREIGN_COLUMNS = ["t", "pid", "name", "cpu_pct"]
-# Unattributed CPU above this (% of one core) in a tick: rescan the run's processes at
-# once (a hog or a restarted server started since the last rescan is the run's, not
-# foreign) and, if it stays above, name the busiest processes outside the run.
+# Unattributed CPU on the server's cores above this (% of one core) in a tick, or on the
+# run's cores above LOOK_PCT: rescan the run's processes at once (a hog or a restarted
+# server started since the last rescan is the run's, not foreign; a pass over /proc is a
+# few ms, and a quiet server's cores stay under it).
+RESCAN_PCT = 3.0
+# ... and if either stays above this, name the busiest processes outside the run.
 LOOK_PCT = 15.0
 FOREIGN_NAMED = 3  # processes named per tick
 FOREIGN_MIN_PCT = 5.0  # ... each using at least this much of a core
@@ -307,7 +310,9 @@ class SystemSampler:
         self._off_server: set[int] = set()
         self._run_next = 0.0
         self._adopted: set[int] = set()
-        self._boot_prev: float | None = None
+        # when the run's process list was taken (boot-time clock ticks): a process of the
+        # run that started after it was never counted, so it counts whole when first seen
+        self._listed_boot: float | None = None
         # recent passes over /proc (when, rows): the baseline for naming foreign processes
         self._tables: deque[tuple[float, dict[int, procfs.ProcRow]]] = deque(maxlen=4)
         # Finding a process tree scans every process on the host: rescan every few seconds.
@@ -348,6 +353,10 @@ class SystemSampler:
             procfs.process_table(max_age_s=0.0)
         self._adopted = {p for p in self._adopted if os.path.exists(f"/proc/{p}")}
         self._run = sorted({*self.run_pids(), *self._adopted})
+        listed, _ = procfs.process_table()  # the pass the list was made from (monotonic)
+        self._listed_boot = (
+            time.clock_gettime(time.CLOCK_BOOTTIME) - (time.monotonic() - listed)
+        ) * HZ
         sut = self.sut_pid() if self.sut_pid is not None else None
         cmd = _cmdline(sut) if sut else None
         if cmd:
@@ -403,23 +412,19 @@ class SystemSampler:
         _, self._run_prev, _ = self._run_ticks(None)
         self._run_next = t + self.loadgen_every_s
         self._t_prev = t
-        self._boot_prev = time.clock_gettime(time.CLOCK_BOOTTIME)
 
     def sample(self, t: float, ts: float, late_s: float = 0.0) -> SystemTick | None:
         cpu_now = procfs.read_cpu_times()
-        boot_now = time.clock_gettime(time.CLOCK_BOOTTIME)
         lg_delta, lg_now, lg_per = self._loadgen_ticks(t)
+        listed = self._listed_boot  # the list the previous tick counted
         rescanned = self.run_pids is not None and t >= self._run_next
         if rescanned:
             self._rescan_run()
             self._run_next = t + self.loadgen_every_s
-        boot_prev = self._boot_prev
-        boot_prev_ticks = None if boot_prev is None else boot_prev * HZ
-        run_delta, run_now, on_server = self._run_ticks(boot_prev_ticks)
+        run_delta, run_now, on_server = self._run_ticks(listed)
         dt = t - self._t_prev if self._t_prev is not None else None
         prev = self._cpu_prev
         self._cpu_prev, self._lg_prev, self._t_prev = cpu_now, lg_now, t
-        self._boot_prev = boot_now
         if not dt or dt <= 0:
             self._run_prev = run_now
             return None
@@ -450,10 +455,10 @@ class SystemSampler:
 
             other = unattributed(self._scope, run_delta)
             on_cores = unattributed(server_cores(), on_server)
-            if max(other, on_cores) > LOOK_PCT and not rescanned:
+            if (on_cores > RESCAN_PCT or other > LOOK_PCT) and not rescanned:
                 # a process of the run started since the last rescan: find it now
                 self._rescan_run(fresh=True)
-                run_delta, run_now, on_server = self._run_ticks(boot_prev_ticks)
+                run_delta, run_now, on_server = self._run_ticks(listed)
                 other = unattributed(self._scope, run_delta)
                 on_cores = unattributed(server_cores(), on_server)
             if max(other, on_cores) > LOOK_PCT:
