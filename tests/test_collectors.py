@@ -317,6 +317,8 @@ def test_system_sampler_sees_the_load_generator_cpu(tmp_path):
             *[f"cpu{c}_pct" for c in hot.cores],
             "loadgen_cpu_pct",
             "other_cpu_pct",
+            "foreign_cpu_pct",
+            "foreign_cores",
         ]
     )
 
