@@ -52,7 +52,9 @@ def test_late_requests_and_a_tenant_are_disturbances_the_rest_is_not(tmp_path) -
     assert disturbance_reasons(late) == validity(late) and "dispatch lag" in validity(late)[0]
     assert retry_reasons(_run(tmp_path, late), _plan(tmp_path)) == validity(late)
 
-    tenant = good_steady(system={"series": {"t": T, "other_cpu_pct": [90.0] * 40}})
+    tenant = good_steady(
+        system={"series": {"t": T, "foreign_cpu_pct": [90.0] * 40, "foreign_cores": [1] * 40}}
+    )
     (reason,) = validity(tenant)
     assert "not the run's" in reason and disturbance_reasons(tenant) == [reason]
     assert retry_reasons(_run(tmp_path, tenant), _plan(tmp_path)) == [reason]

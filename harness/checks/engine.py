@@ -140,18 +140,15 @@ def foreign_shares(
     """The CPU not the run's on the server's cores (``system.series.foreign_cpu_pct`` over
     ``foreign_cores``), as a share of their capacity: over the whole run (first), over the
     judged part of each stage (after its ``warmup_s``), and over every
-    ``foreign_window_s`` window. Results recorded before that series: the run's cores'
-    unattributed CPU (``other_cpu_pct``) over every core of the machine. Empty when no
-    sampler measured it."""
+    ``foreign_window_s`` window. Empty when no sampler measured it, and for results
+    recorded before that series (their ``other_cpu_pct`` mixes in the generator's cores:
+    ``not_measured`` says so)."""
     p = ValidityParams.from_mapping((overrides or {}).get("validity"))
     system = scenario_result.get("system") or {}
     series = system.get("series") or {}
     t = series.get("t") or []
-    pct = series.get("foreign_cpu_pct")
-    cores: Any = series.get("foreign_cores")
-    if pct is None:
-        pct, cores = series.get("other_cpu_pct"), len(series.get("per_core") or []) or 1
-    if not t or not pct:
+    pct, cores = series.get("foreign_cpu_pct"), series.get("foreign_cores")
+    if not t or not pct or not cores:
         return []
     run_s = float(scenario_result.get("duration_s") or 0.0)
     started, run_start = system.get("started_unix"), scenario_result.get("started_unix")
@@ -318,7 +315,12 @@ def not_measured(scenario_result: Mapping[str, Any]) -> list[str]:
     server's process was not on this host."""
     out: list[str] = []
     series = (scenario_result.get("system") or {}).get("series") or {}
-    if not (series.get("foreign_cpu_pct") or series.get("other_cpu_pct")):
+    if series.get("other_cpu_pct") and not series.get("foreign_cpu_pct"):
+        out.append(
+            "foreign CPU on the server's cores: not measured — these results were recorded "
+            "before the sampler measured the server's cores on their own"
+        )
+    elif not series.get("foreign_cpu_pct"):
         out.append(
             "foreign CPU on the server's cores: not measured — no sampler ran (a target "
             "given without --sut-pid, or --no-sample), so another tenant taking the "
