@@ -457,20 +457,41 @@ def test_a_tenant_after_calibration_below_the_old_trip_wire_is_invalid_not_a_fai
     share = float(reason.split(" used ")[1].split(" ")[0])
     assert 0.17 <= share <= 0.3, reason
     assert disturbance_reasons(_run("onoff")) == [reason]
+    # the margin is the worst window of any length: at least the run's or stage's share
     worst, budget = validity_margins(_run("onoff"))["foreign_cpu_share"]
-    assert worst == pytest.approx(share, abs=0.005) and budget == 0.05
+    assert worst >= share - 0.005 and budget == 0.05
 
 
 def test_a_steady_tenant_after_calibration_is_invalid_and_no_tenant_is_judged_on_its_checks():
     steady = judge_scenario(_run("steady"))
     assert steady["verdict"] == "invalid"
-    assert "used 0.4" in steady["validity"][0], steady["validity"]
+    share = float(steady["validity"][0].split(" used ")[1].split(" ")[0])
+    assert 0.3 <= share <= 0.45, steady["validity"]  # 40 % of the core from 8 s on
     # the same runs with no tenant: valid, and the checks decide (fail here, pass there)
     quiet = judge_scenario(_run("none"))
     assert quiet["validity"] == [] and quiet["verdict"] == "fail"
     assert judge_scenario(_run("none", failing=False))["verdict"] == "pass"
     worst, _ = validity_margins(_run("none"))["foreign_cpu_share"]
     assert worst < 0.05
+
+
+def test_a_short_window_has_its_own_budget_the_run_holds_the_tight_one():
+    """One event of the run no process could be charged with (a server its own supervisor
+    killed and restarted, reaped outside the run: measured 0.10 of a 10 s window and 0.04
+    of the run) fits a short window's budget (0.15); a tenant of seconds at a time does
+    not, and over the run the tight budget (0.05) holds."""
+    t = [float(i) for i in range(1, 61)]
+    restart = [100.0 if x == 10 else 0.0 for x in t]  # one core-s in one tick
+    shares = foreign_shares(t, restart, 1, [("the run", 0.0, 60.0)], run_s=60.0)
+    assert max(w.share for w in shares) == pytest.approx(0.1)
+    sc = _run("none", failing=False)
+    series = sc["system"]["series"]
+    series["foreign_cpu_pct"][10] = 100.0 * series["foreign_cores"][10]  # the restart tick
+    assert disturbance_reasons(sc) == []
+    for i in range(20, 24):  # and a tenant at 60 % of the cores for 4 s
+        series["foreign_cpu_pct"][i] = 60.0 * series["foreign_cores"][i]
+    (reason,) = disturbance_reasons(sc)
+    assert "core-s per server core-s on the server's cores" in reason, reason
 
 
 def test_the_budget_is_integrated_over_the_run_each_stage_and_every_window():
@@ -496,7 +517,10 @@ def test_the_budget_is_integrated_over_the_run_each_stage_and_every_window():
 
 def test_the_budget_and_window_come_from_the_checklist_and_old_results_still_judge():
     sc = _run("onoff")
-    assert validity(sc, {"validity": {"foreign_budget": 0.3}}) == []
+    # the run and its stages at 0.3 pass; its 10 s windows (0.24) still exceed their 0.15
+    assert validity(sc, {"validity": {"foreign_budget": 0.3}}) != []
+    loose = {"foreign_budget": 0.3, "foreign_window_budget": 0.3}
+    assert validity(sc, {"validity": loose}) == []
     assert validity(sc, {"validity": {"foreign_budget": 0.3, "foreign_window_s": 0}}) == []
     # results recorded before the server's-cores series: their unattributed CPU mixes in
     # the generator's cores — not judged by the budget, and said

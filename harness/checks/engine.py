@@ -196,15 +196,20 @@ def disturbance_reasons(
     # another tenant on the server's cores (the sampler's CPU there that no process of
     # the run could have used), integrated: the server was not measured alone
     started, run_start = system.get("started_unix"), scenario_result.get("started_unix")
-    reasons.append(
-        v.foreign_cpu_budget(
-            foreign_shares(scenario_result, overrides),
+    shares = foreign_shares(scenario_result, overrides)
+    sliding = [w for w in shares if w.where == f"a {p.foreign_window_s:g} s window"]
+    spans = [w for w in shares if w not in sliding]  # the run and its judged stages
+    for group, budget in ((spans, p.foreign_budget), (sliding, p.foreign_window_budget)):
+        over = v.foreign_cpu_budget(
+            group,
             system.get("foreign_processes") or [],
-            budget=p.foreign_budget,
+            budget=budget,
             offset_s=float(started) - float(run_start) if started and run_start else 0.0,
             interval_s=float((scenario_result.get("server") or {}).get("interval_s") or 1.0),
         )
-    )
+        if over:
+            reasons.append(over)
+            break
     # the capacity probe measured before the sampler started: its own accounting
     probe_tenant, _ = v.probe_problems(
         (scenario_result.get("calibration") or {}).get("cpu"),
