@@ -196,20 +196,22 @@ def disturbance_reasons(
     # another tenant on the server's cores (the sampler's CPU there that no process of
     # the run could have used), integrated: the server was not measured alone
     started, run_start = system.get("started_unix"), scenario_result.get("started_unix")
-    shares = foreign_shares(scenario_result, overrides)
-    sliding = [w for w in shares if w.where == f"a {p.foreign_window_s:g} s window"]
-    spans = [w for w in shares if w not in sliding]  # the run and its judged stages
-    for group, budget in ((spans, p.foreign_budget), (sliding, p.foreign_window_budget)):
-        over = v.foreign_cpu_budget(
-            group,
+    # a span is over budget when its foreign CPU exceeds both its share of the span's
+    # capacity and one unattributable event of the run (foreign_event_core_s)
+    over = [
+        w
+        for w in foreign_shares(scenario_result, overrides)
+        if w.core_s > max(p.foreign_budget * w.capacity_core_s, p.foreign_event_core_s)
+    ]
+    reasons.append(
+        v.foreign_cpu_budget(
+            over,
             system.get("foreign_processes") or [],
-            budget=budget,
+            budget=p.foreign_budget,
             offset_s=float(started) - float(run_start) if started and run_start else 0.0,
             interval_s=float((scenario_result.get("server") or {}).get("interval_s") or 1.0),
         )
-        if over:
-            reasons.append(over)
-            break
+    )
     # the capacity probe measured before the sampler started: its own accounting
     probe_tenant, _ = v.probe_problems(
         (scenario_result.get("calibration") or {}).get("cpu"),
