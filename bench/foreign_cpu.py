@@ -9,9 +9,9 @@ Runs the quick steady-state scenario on the reference server (calibrated, one at
   pinned to that core, its own session) until the run ends;
 - ``onoff``: the same tenant 1.5 s on / 1.5 s off.
 
-Prints per run the verdict, the failed checks, the worst window's share of the server's
-cores used by work not the run's against the budget (``validity_margins``), the whole
-run's share, the capacity probe's, what the old trip wire (50 % of a core held 3 s on
+Prints per run the verdict, the failed checks, the share of the server's cores used by
+work not the run's over the span nearest its allowance, and that allowance
+(``validity_margins``), the whole run's share, the capacity probe's, what the old trip wire (50 % of a core held 3 s on
 the run's cores) saw, and the validity reason — then per case the verdicts. A tenant
 case must never FAIL; the control must PASS.
 
@@ -171,8 +171,9 @@ def main() -> int:
                     r = run(base / f"{case}-{i + 1}", case, args.after_s)
                 verdicts[case][r["verdict"]] += 1
                 print(
-                    f"{case:6} {i + 1}: {r['verdict']:8} worst {_f(r['worst'])} (budget "
-                    f"{r['budget']}) run {_f(r['run_share'])} probe {_f(r['probe_share'])} "
+                    f"{case:6} {i + 1}: {r['verdict']:8} nearest its limit {_f(r['worst'])} "
+                    f"(limit {_f(r['budget'], '.2f')}) run {_f(r['run_share'])} probe "
+                    f"{_f(r['probe_share'])} "
                     f"old-rule held {_f(r['old_held'], '.0f')} % | capacity "
                     f"{_f(r['capacity'], '.0f')} | failed {r['failed'] or '-'} | "
                     f"{'named' if r['named'] else ''} {(r['reason'] or '')[:140]} "

@@ -352,9 +352,10 @@ def validity_margins(
     ``dispatch_lag_p99_ms``: the open-loop lag p99 and 10 % (``lag_max_fraction``) of
     the SLO. ``loadgen_cpu_pct``: the highest level the busiest generator process held
     for ``loadgen_sustain_s`` (``sustained_level``) and its per-process limit (older
-    results: the summed series and the limit × workers). ``foreign_cpu_share``: the worst
-    window's share of the server's cores used by work not the run's (``foreign_shares``)
-    and the budget.
+    results: the summed series and the limit × workers). ``foreign_cpu_share``: of the
+    spans ``foreign_shares`` gives, the one nearest its allowance — its share of the
+    server's cores used by work not the run's, and its limit (``foreign_budget``, or one
+    ``foreign_event_core_s`` over a short span).
     For bench/flakiness.py: a ratio near 1 is a run about to be judged invalid.
     """
     overrides = overrides or {}
@@ -375,10 +376,14 @@ def validity_margins(
         workers = max(1, int((scenario_result.get("load") or {}).get("workers") or 1))
         held = v.sustained_level(t, cpu, p.loadgen_sustain_s)
         out["loadgen_cpu_pct"] = (held, p.loadgen_max_pct * workers)
-    shares = foreign_shares(scenario_result, overrides)
-    if shares:
-        # the worst window's share of the server's cores taken by work not the run's
-        out["foreign_cpu_share"] = (max(w.share for w in shares), p.foreign_budget)
+    # the span nearest its allowance (the larger of the budget's share and one
+    # unattributable event), as disturbance_reasons judges it: (its share, its limit)
+    limits = [
+        (w.share, max(p.foreign_budget, p.foreign_event_core_s / w.capacity_core_s))
+        for w in foreign_shares(scenario_result, overrides)
+    ]
+    if limits:
+        out["foreign_cpu_share"] = max(limits, key=lambda sl: sl[0] / sl[1])
     return out
 
 
