@@ -141,8 +141,9 @@ class ValidityParams:
     foreign_window_s: float = 10.0
     # ... but never less than one event of the run that no process of it can be charged
     # with (a server killed and restarted by its own supervisor, reaped outside the run:
-    # measured ~1 core-s, 0.10 of the kill's 10 s span): a span may hold this much
-    foreign_event_core_s: float = 1.5
+    # its last tick and the new server's start, measured 1.0-2.0 core-s): a span may hold
+    # this much
+    foreign_event_core_s: float = 3.0
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:
