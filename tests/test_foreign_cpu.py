@@ -460,7 +460,9 @@ def test_a_tenant_after_calibration_below_the_old_trip_wire_is_invalid_not_a_fai
     # the margin is the span nearest its allowance: here the run or the stage (~0.2 of
     # 0.05), further over than any 10 s window (<= 0.24 of its 1.5 core-s, 0.15)
     value, limit = validity_margins(_run("onoff"))["foreign_cpu_share"]
-    assert limit == 0.05 and 0.17 <= value < share, (value, limit)
+    # the limit is the span's allowance: the budget, or one unattributable event of the
+    # run (foreign_event_core_s) over a span short enough for it to be more
+    assert 0.05 <= limit <= 0.1 and 0.17 <= value < share, (value, limit)
 
 
 def test_a_steady_tenant_after_calibration_is_invalid_and_no_tenant_is_judged_on_its_checks():
