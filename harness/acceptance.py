@@ -88,7 +88,7 @@ class Target:
     ca_cert: str | None = None
     insecure: bool = False
     metrics_url: str | None = None
-    # the server on another host: sampler and chaos through `harness agent` (issue 13)
+    # the server on another host: sampler and chaos through `harness agent`
     agent_url: str | None = None
     agent_token: str | None = field(default=None, repr=False)  # a secret: environment only
 

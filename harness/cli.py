@@ -248,7 +248,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         choices=("probe", "peak"),
         default="probe",
         help='what "0.6x" multiplies: probe = the 5 s closed-loop capacity probe (default); '
-        "peak = `harness peak`'s rate under --capacity-slo-p99-ms, searched first (issue 14)",
+        "peak = `harness peak`'s rate under --capacity-slo-p99-ms, searched first",
     )
     p.add_argument(
         "--capacity-slo-p99-ms",
@@ -695,7 +695,7 @@ def _run_agent(args: argparse.Namespace) -> int:
     return serve(config, ready=ready)
 
 
-# --- harness peak / tune (issue 14: harness/peak/) ---------------------------------------
+# --- harness peak / tune (harness/peak/) ---------------------------------------
 
 
 def _fraction(text: str) -> float:

@@ -35,12 +35,12 @@ class Options:
     verify: bool
     duration_s: float | None = None
     checklist: str | None = None
-    # deployment options (issue 13): header values are secrets — the results record names
+    # deployment options: header values are secrets — the results record names
     headers: tuple[str, ...] = ()  # "Name: value", validated
     ca_cert: str | None = None
     insecure: bool = False
     metrics_url: str | None = None
-    # the server on another host (issue 13): sampler and chaos through `harness agent`
+    # the server on another host: sampler and chaos through `harness agent`
     agent_url: str | None = None
     agent_token: str | None = None  # a secret: never sent to workers, never in results
     golden_cache: str | None = None  # --golden-cache FILE: golden outputs kept per server
