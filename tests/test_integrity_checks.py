@@ -47,7 +47,7 @@ def test_a_server_failing_its_batches_fails_integrity() -> None:
     assert run("integrity.mismatches", doc).passed is True  # it sees only what came
     c = run("integrity.failures", doc)
     assert c.passed is False, c.detail
-    assert c.value == round(6682 / 8297, 6) and c.n == 8297 and c.threshold == 0.05
+    assert c.value == round(6682 / 8297, 6) and c.n == 8297 and c.threshold == 0.01
     assert "6682 of 8297" in c.detail and "1615 answers verified" in c.detail
     assert "http_500 6682" in c.detail
 
@@ -56,16 +56,25 @@ def test_a_healthy_integrity_run_passes() -> None:
     # the healthy reference server's quick run: 17,188 requests, all answered and verified
     c = run("integrity.failures", integrity_doc(17188))
     assert c.passed is True and c.value == 0 and c.n == 17188, c.detail
-    # a stray reset or two in thousands is within the bound, and so is the 1.6 % of quick
-    # 503s a healthy server shed at 0.9x on a disturbed box (240 of 14,844)
+    # a stray reset or two in thousands is within the bound, and quick 503s a healthy
+    # server shed at 0.9x (240 of 14,844 on a disturbed box; 479 of 14,342 on a fresh
+    # clone's quick acceptance) are load declined, judged against max_shed
     assert run("integrity.failures", integrity_doc(5000, {"connection": 3})).passed is True
     assert run("integrity.failures", integrity_doc(14604, {"http_503": 240})).passed is True
+    c = run("integrity.failures", integrity_doc(13863, {"http_503": 479}))
+    assert c.passed is True and c.value == 0, c.detail
+
+
+def test_a_server_refusing_most_of_what_it_was_meant_to_verify_fails() -> None:
+    """Refusing its batches as 'overload' (503) is no way past integrity either."""
+    c = run("integrity.failures", integrity_doc(1615, {"http_503": 6682}))
+    assert c.passed is False and "refused at once as overload" in c.detail, c.detail
 
 
 def test_timeouts_drops_and_bad_bodies_count_but_mismatches_do_not() -> None:
-    for failed, dropped in (({"timeout": 200}, 0), ({}, 200), ({"bad_response": 200}, 0)):
+    for failed, dropped in (({"timeout": 60}, 0), ({}, 60), ({"bad_response": 60}, 0)):
         c = run("integrity.failures", integrity_doc(3000, failed, dropped=dropped))
-        assert c.passed is False and c.value == round(200 / 3200, 6), c.detail
+        assert c.passed is False and c.value == round(60 / 3060, 6), c.detail
     # a cross-wired answer was verified (integrity.mismatches fails it), not unanswered
     doc = integrity_doc(3000, cross_wired=60)
     assert run("integrity.failures", doc).passed is True

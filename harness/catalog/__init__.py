@@ -385,15 +385,18 @@ CATALOG = Catalog(
             "integrity.failures",
             unit="ratio",
             op="<=",
-            # 5 %: the mismatch check still sees 95 % of what it was meant to, while the
-            # high stage's 0.9x of a 5 s probe's capacity may honestly shed a few % (a
-            # healthy server on a disturbed box: 240 of 14,844 answered 503, 1.6 %; on a
-            # quiet one none of ~17,000). min_requests as steady.error_rate.
-            defaults=_defaults(threshold=0.05, min_requests=100),
+            # 1 %: answers gone wrong (errors, timeouts, resets, drops) — none of ~17,000 on
+            # the healthy reference server. Quick 503/429 refusals are load declined, not
+            # answers gone wrong: the high stage's 0.9x of a 5 s probe's capacity sheds some
+            # on a healthy server (1.6 % and 3.3 % measured), so they have their own bound,
+            # max_shed = 25 % (a probe's spread of ~27 % puts 0.9x at most ~1.2x the real
+            # capacity). min_requests as steady.error_rate.
+            defaults=_defaults(threshold=0.01, max_shed=0.25, min_requests=100),
             summary="share of the requests meant to be verified that got no answer to verify "
             "(failed, timed out, dropped, non-200)",
             passes_when="≤ {threshold:%} of the requests meant to be verified got no "
-            "verifiable answer (a server cannot pass integrity by failing its batches)",
+            "verifiable answer, and ≤ {max_shed:%} were refused as overload (a server cannot "
+            "pass integrity by failing its batches)",
             scenarios=("integrity",),
         ),
         CheckDecl(
