@@ -139,11 +139,9 @@ class ValidityParams:
     # each stage a check reads and every foreign_window_s (docs/checks.md "Invalid runs")
     foreign_budget: float = 0.05
     foreign_window_s: float = 10.0
-    # ... but never less than one event of the run that no process of it can be charged
-    # with (a server killed and restarted by its own supervisor, reaped outside the run:
-    # its last tick and the new server's start, measured 1.0-2.0 core-s): a span may hold
-    # this much
-    foreign_event_core_s: float = 3.0
+    # ... but never less than this many core-s: a span of a few seconds holds a few
+    # tenths of a core-s of the run's own start-up and kill bookkeeping (docs/checks.md)
+    foreign_event_core_s: float = 1.25
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | None) -> ValidityParams:

@@ -10,7 +10,8 @@ CPU hogs, a fault proxy, a server the master started), the server's tree and the
 A process outside those trees is another tenant whatever it looks like (a ``locust
 --worker`` of another job included); the one exception is a process with the server's
 command line started after the server the sampler follows has gone (its own supervisor's
-restart), until the sampler follows it. Records only: whether the generator was saturated
+restart), until the sampler follows it; and the server's supervisor outside the run is
+read for one thing, the server's last moments when it reaps it. Records only: whether the generator was saturated
 or the server disturbed is decided by the checks.
 """
 
@@ -205,6 +206,10 @@ def _run_cpu(
     prev: RunCounters,
     off: Container[int] = (),
     started_after: float | None = None,
+    *,
+    reapers: Iterable[int] = (),
+    whole: Container[int] = (),
+    reaped_cap: int | None = None,
 ) -> tuple[int, int, RunCounters]:
     """CPU clock ticks the run's processes used since ``prev``: (all of them, those not in
     ``off`` — the ones that can run on the server's cores —, counters now).
@@ -214,11 +219,31 @@ def _run_cpu(
     are in its parent's counter once reaped (a killed server reaped by the harness, a
     short-lived child started and reaped between two calls), and what was counted of it
     before is not counted twice. A process not in ``prev`` counts whole when it started
-    after ``started_after`` (boot-time clock ticks), else from the next call on."""
+    after ``started_after`` (boot-time clock ticks) or is in ``whole``, else from the
+    next call on.
+
+    ``reapers`` are not the run's but reap one of its processes (an attached server's own
+    supervisor): only the jump of their reaped children's CPU counts, when a process of
+    the run they are the parent of is gone, for its last moments beyond what was counted
+    of it — at most ``reaped_cap`` ticks (what the gone process could have used since the
+    last call), so another child the reaper reaped at the same time is never the run's."""
     now: RunCounters = {}
     total = on = 0
     reaped_by: dict[int, int] = {}  # pid → Δ of its reaped children's CPU
+    outside: set[int] = set()
+    for pid in reapers:
+        st = _read_run_stat(pid)
+        if st is None:
+            continue
+        start, _own, reaped, ppid = st
+        key = (pid, start)
+        now[key] = (-1, reaped, ppid)  # -1: a reaper, none of its own CPU is the run's
+        outside.add(pid)
+        if key in prev:
+            reaped_by[pid] = reaped - prev[key][1]
     for pid in pids:
+        if pid in outside:
+            continue
         st = _read_run_stat(pid)
         if st is None:
             continue
@@ -228,7 +253,7 @@ def _run_cpu(
         if key in prev:
             d = own + reaped - prev[key][0] - prev[key][1]
             reaped_by[pid] = reaped - prev[key][1]
-        elif started_after is not None and start + 1 > started_after:
+        elif (started_after is not None and start + 1 > started_after) or pid in whole:
             d = own + reaped
         else:
             continue
@@ -236,13 +261,19 @@ def _run_cpu(
         if pid not in off:
             on += d
     gone_on: dict[int, int] = {}  # reaper off the server's cores → CPU counted of its gone children
+    # reaper outside the run → (CPU counted of its gone children, any of them on the server's cores)
+    gone_out: dict[int, tuple[int, bool]] = {}
     for (pid, start), (own, reaped, ppid) in prev.items():
-        if (pid, start) in now or ppid not in reaped_by:
-            continue  # still here; or not reaped by a process of the run: lost
+        if own < 0 or (pid, start) in now or ppid not in reaped_by:
+            continue  # still here; or not reaped by a process of the run or a reaper: lost
         st = _read_run_stat(pid)
         if st is not None and st[0] == start:
             continue  # alive, only no longer among the run's (reparented)
         counted = own + reaped
+        if ppid in outside:
+            was, anyon = gone_out.get(ppid, (0, False))
+            gone_out[ppid] = (was + counted, anyon or pid not in off)
+            continue
         total -= counted
         if ppid not in off:
             on -= counted  # its reaper's jump was counted on the server's side
@@ -252,6 +283,15 @@ def _run_cpu(
         # a child that ran on the server's cores, reaped by a process that cannot: what it
         # used since it was last counted is there, not on its reaper's cores
         on += max(0, reaped_by.get(ppid, 0) - counted)
+    for ppid, (counted, anyon) in gone_out.items():
+        # the supervisor's jump is its gone children's whole lives: what was not counted
+        # of them is their last moments
+        last = max(0, reaped_by[ppid] - counted)
+        if reaped_cap is not None:
+            last = min(last, reaped_cap)
+        total += last
+        if anyon:
+            on += last
     return total, on, now
 
 
@@ -310,6 +350,9 @@ class SystemSampler:
         self._off_server: set[int] = set()
         self._run_next = 0.0
         self._adopted: set[int] = set()
+        # the server's parent when it is not the run's (an attached server's supervisor):
+        # it reaps the server when it is killed, with the server's last moments
+        self._reapers: list[int] = []
         # when the run's process list was taken (boot-time clock ticks): a process of the
         # run that started after it was never counted, so it counts whole when first seen
         self._listed_boot: float | None = None
@@ -361,6 +404,18 @@ class SystemSampler:
         cmd = _cmdline(sut) if sut else None
         if cmd:
             self._sut_cmd = cmd
+        run = set(self._run)
+        parents = {
+            st[3]
+            for p in (sut, *self._adopted)
+            if p and (st := _read_run_stat(p)) is not None
+        }
+        # kept while they live: the server may be gone (and reaped) by the next rescan
+        self._reapers = sorted(
+            p
+            for p in {*self._reapers, *parents}
+            if p > 1 and p not in run and os.path.exists(f"/proc/{p}")
+        )
         me = os.getpid()
         self._scope = sorted(_affinity(p for p in self._run if p != me))
         server = _affinity([*_tree(sut), *self._adopted]) if sut else set()
@@ -375,10 +430,24 @@ class SystemSampler:
         if not self._tables or self._tables[-1][0] != table[0]:
             self._tables.append(table)
 
-    def _run_ticks(self, boot_prev: float | None) -> tuple[int, RunCounters, int]:
+    def _run_ticks(
+        self, boot_prev: float | None, dt: float | None = None
+    ) -> tuple[int, RunCounters, int]:
         """(Δticks of the run's processes since the last tick, counters by (pid, start),
-        Δticks of those that can run on the server's cores): ``_run_cpu``."""
-        delta, on, now = _run_cpu(self._run, self._run_prev, self._off_server, boot_prev)
+        Δticks of those that can run on the server's cores): ``_run_cpu``, with the
+        server's supervisor as a reaper and an adopted restart counted from its start."""
+        cap = None
+        if dt is not None:
+            cap = int(HZ * dt * max(1, len(self._server_cores or self.cores))) + 1
+        delta, on, now = _run_cpu(
+            self._run,
+            self._run_prev,
+            self._off_server,
+            boot_prev,
+            reapers=self._reapers,
+            whole=self._adopted,
+            reaped_cap=cap,
+        )
         return delta, now, on
 
     def _foreign(self, run: set[int]) -> tuple[tuple[int, str, float], ...]:
@@ -421,8 +490,8 @@ class SystemSampler:
         if rescanned:
             self._rescan_run()
             self._run_next = t + self.loadgen_every_s
-        run_delta, run_now, on_server = self._run_ticks(listed)
         dt = t - self._t_prev if self._t_prev is not None else None
+        run_delta, run_now, on_server = self._run_ticks(listed, dt)
         prev = self._cpu_prev
         self._cpu_prev, self._lg_prev, self._t_prev = cpu_now, lg_now, t
         if not dt or dt <= 0:
@@ -458,7 +527,7 @@ class SystemSampler:
             if (on_cores > RESCAN_PCT or other > LOOK_PCT) and not rescanned:
                 # a process of the run started since the last rescan: find it now
                 self._rescan_run(fresh=True)
-                run_delta, run_now, on_server = self._run_ticks(listed)
+                run_delta, run_now, on_server = self._run_ticks(listed, dt)
                 other = unattributed(self._scope, run_delta)
                 on_cores = unattributed(server_cores(), on_server)
             if max(other, on_cores) > LOOK_PCT:
@@ -472,13 +541,13 @@ class SystemSampler:
                 if restarted:
                     # the run's, in nobody's tree: the server the sampler follows is gone
                     # and a process with its command line runs — its own supervisor's
-                    # restart, before the sampler follows it: adopted (counted from the
-                    # next tick on). Nothing else outside the run's trees ever is.
+                    # restart, before the sampler follows it: adopted, counted from its
+                    # start. Nothing else outside the run's trees ever is.
                     self._adopted.update(f[0] for f in restarted)
                     self._run = sorted({*self._run, *self._adopted})
-                    used = sum(f[2] for f in restarted)
-                    other = max(0.0, other - used)
-                    on_cores = max(0.0, on_cores - used)
+                    run_delta, run_now, on_server = self._run_ticks(listed, dt)
+                    other = unattributed(self._scope, run_delta)
+                    on_cores = unattributed(server_cores(), on_server)
                     foreign = tuple(f for f in foreign if f not in restarted)
             other = round(other, 2)
             on_cores = round(on_cores, 2)
