@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
     ("reference_server", frozenset()),
     ("harness.errors", frozenset()),
+    ("harness.primitives", frozenset()),  # atomic write, signal trap: every layer's
     ("harness.catalog", frozenset()),  # the check declarations: stdlib only
     # the results owner computes the derived numbers it stores (window percentiles, the
     # USL fit) with the pure analysis functions; the load side reaches them only through it
@@ -71,7 +72,7 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
             | {"harness.errors", "harness.sut"}
         ),
     ),
-    # issue 14: `harness peak` / `harness tune` drive whole runs (harness.acceptance's
+    # `harness peak` / `harness tune` drive whole runs (harness.acceptance's
     # run_one) and read their judged results; they render their own summary and report
     (
         "harness.peak",
@@ -89,6 +90,8 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
 # What "the package" of an imported name is, for the contract (the first two parts,
 # except the top-level modules of harness, which are their own layer).
 _TOP_MODULES = {"errors", "results", "sut", "finish", "acceptance", "cli", "__main__"}
+# below every layer: any module may import them
+_BASE = {"harness.primitives"}
 
 
 def _layer(name: str) -> str:
@@ -141,7 +144,9 @@ def test_no_module_imports_a_higher_layer(path: Path) -> None:
         return
     own = _layer(module)
     bad = sorted(
-        name for name in _imports(path) if _layer(name) != own and _layer(name) not in allowed
+        name
+        for name in _imports(path)
+        if _layer(name) != own and _layer(name) not in allowed and _layer(name) not in _BASE
     )
     assert not bad, (
         f"{module} imports {bad}; its layer may import only {sorted(allowed)} "
