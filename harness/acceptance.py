@@ -50,7 +50,7 @@ CHECKLIST: tuple[str, ...] = (
 
 # Scenarios only `--full` runs. `network` would add 52 s of load (~60 s wall) to a quick
 # checklist CI runs whole, already near its budget; its quick-mode proof is the detection
-# matrix (reset-leak, io-lock and their healthy twins) and tests/test_issue12_network*.py.
+# matrix (reset-leak, io-lock and their healthy twins) and tests/test_network_fault*.py.
 FULL_ONLY: tuple[str, ...] = ("network",)
 
 

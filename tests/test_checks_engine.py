@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_registered_check_states_its_threshold_op_unit_and_summary() -> None:
-    # which ids must exist is pinned once, in tests/test_issue10_catalog.py
+    # which ids must exist is pinned once, in tests/test_catalog.py
     assert tuple(REGISTRY) == CHECK_IDS
     for spec in REGISTRY.values():
         assert "threshold" in spec.defaults, spec.id

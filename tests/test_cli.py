@@ -216,7 +216,7 @@ def test_version_prints_the_package_version() -> None:
     assert e.value.code == 0 and out.getvalue().strip() == f"harness {__version__}"
 
 
-def test_issue11_judge_rejudges_results_under_another_checklist(tmp_path):
+def test_judge_rejudges_results_under_another_checklist(tmp_path):
     """``harness judge DIR``: the end-of-run judging for results on disk (a killed run's,
     or a web UI run's); a stricter checklist turns a pass into a fail, in the file too."""
     from tests.results_factory import build_document

@@ -31,7 +31,7 @@ stationary around a line (KPSS, with an AR(1)-prewhitened long-run variance so t
 short-memory wobble is not mistaken for a walk); if not, the drift must also be
 significant against the spread of the bucket-to-bucket steps (a one-sided t-test on the
 mean step, its variance widened for the positive lag-1 correlation that averaging a walk
-into buckets creates). tests/test_issue9_soak.py measures the rates.
+into buckets creates). tests/test_soak_evidence.py measures the rates.
 """
 
 from __future__ import annotations

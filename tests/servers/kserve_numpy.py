@@ -3,7 +3,7 @@ serving a small numpy MLP over the V2 / Open Inference Protocol.
 
     python tests/servers/kserve_numpy.py --http_port 8080 [--model_name numpy-mlp]
 
-Run by tests/test_issue13_kserve.py with the interpreter of a separate venv (kserve pins
+Run by tests/test_kserve_server.py with the interpreter of a separate venv (kserve pins
 versions the harness's own venv must not take: .ci/run makes it). The model is defined
 here, deterministic for its seed: 64 inputs → 256 hidden (tanh) → 8 outputs, computed
 per request (KServe's model server has no dynamic batching and no queue limit).

@@ -26,7 +26,7 @@ def _system(n: int, started: float = 1000.0) -> dict:
     }
 
 
-def test_issue13_worker_heartbeats_join_the_ticks_by_wall_clock() -> None:
+def test_worker_heartbeats_join_the_ticks_by_wall_clock() -> None:
     now = [1000.2]
     runner = _runner(remote_a=30.0, remote_b=97.0)
     w = WorkerCpu(runner, clock=lambda: now[0])
@@ -46,7 +46,7 @@ def test_issue13_worker_heartbeats_join_the_ticks_by_wall_clock() -> None:
     assert a["rss_bytes"][0] == 50 << 20 and "heartbeat" in a["name"]
 
 
-def test_issue13_a_saturated_remote_worker_makes_the_run_invalid() -> None:
+def test_a_saturated_remote_worker_makes_the_run_invalid() -> None:
     now = [1000.0]
     runner = _runner(remote=98.0)
     w = WorkerCpu(runner, clock=lambda: now[0])
@@ -70,7 +70,7 @@ def test_issue13_a_saturated_remote_worker_makes_the_run_invalid() -> None:
     assert not any("generator" in r for r in validity(sc2))
 
 
-def test_issue13_no_samples_or_no_workers_adds_nothing() -> None:
+def test_no_samples_or_no_workers_adds_nothing() -> None:
     w = WorkerCpu(SimpleNamespace(clients={}))
     w.poll()
     w.add_to(None)

@@ -63,14 +63,14 @@ def sampled(seconds: int = 120, *, offset_s: float = -0.5, **series: Any) -> dic
     return sc
 
 
-def test_issue9_a_healthy_sampled_run_is_valid() -> None:
+def test_a_healthy_sampled_run_is_valid() -> None:
     assert validity(sampled()) == []
 
 
 # --- item 3: the sampler died or missed most of the run ------------------------------------
 
 
-def test_issue9_sampler_with_no_samples_is_invalid(tmp_path: Path) -> None:
+def test_sampler_with_no_samples_is_invalid(tmp_path: Path) -> None:
     # the directory a sampler that died at start leaves: only its log
     (tmp_path / "sampler.log").write_text("Traceback ...\nPermissionError: /proc/42/fd\n")
     from harness.collectors import read_samples
@@ -91,7 +91,7 @@ def test_issue9_sampler_with_no_samples_is_invalid(tmp_path: Path) -> None:
     assert read_samples(empty)["server"] is None
 
 
-def test_issue9_sampler_that_stopped_early_is_invalid() -> None:
+def test_sampler_that_stopped_early_is_invalid() -> None:
     sc = sampled(120)
     series = sc["server"]["series"]
     for k in series:
@@ -107,7 +107,7 @@ def test_issue9_sampler_that_stopped_early_is_invalid() -> None:
     assert "load-generator CPU samples cover" in reason
 
 
-def test_issue9_sampler_time_is_moved_onto_scenario_time() -> None:
+def test_sampler_time_is_moved_onto_scenario_time() -> None:
     # 120 samples of a sampler that started 40 s before the scenario: its last 40 s of
     # the run were never sampled, though t alone (1…120) looks complete
     sc = sampled(120, offset_s=-40.0)
@@ -116,7 +116,7 @@ def test_issue9_sampler_time_is_moved_onto_scenario_time() -> None:
     assert validity(sampled(120, offset_s=-1.0)) == []
 
 
-def test_issue9_missing_generator_cpu_is_invalid_not_silent() -> None:
+def test_missing_generator_cpu_is_invalid_not_silent() -> None:
     sc = sampled()
     sc["system"] = None
     (reason,) = validity(sc)
@@ -126,7 +126,7 @@ def test_issue9_missing_generator_cpu_is_invalid_not_silent() -> None:
     assert validity(sc)
 
 
-def test_issue9_a_listed_soak_check_without_its_series_is_invalid() -> None:
+def test_a_listed_soak_check_without_its_series_is_invalid() -> None:
     sc = sampled()
     del sc["server"]["series"]["rss_bytes"]
     (reason,) = validity(sc)
@@ -139,7 +139,7 @@ def test_issue9_a_listed_soak_check_without_its_series_is_invalid() -> None:
     assert validity(sc) == []
 
 
-def test_issue9_attached_without_a_pid_skips_but_is_not_invalid() -> None:
+def test_attached_without_a_pid_skips_but_is_not_invalid() -> None:
     sc = sampled()
     sc["server"] = None
     sc["system"] = None
@@ -148,7 +148,7 @@ def test_issue9_attached_without_a_pid_skips_but_is_not_invalid() -> None:
         skipped(run(cid, sc), "no server-side samples", "--sut-pid", "--no-sample")
 
 
-def test_issue9_without_a_sampler_the_workers_cpu_time_still_judges_saturation() -> None:
+def test_without_a_sampler_the_workers_cpu_time_still_judges_saturation() -> None:
     sc = sampled()
     sc["server"] = sc["system"] = None
     sc["duration_s"] = 60.0
@@ -172,7 +172,7 @@ def inconclusive_rss() -> dict[str, Any]:
     return sc
 
 
-def test_issue9_inconclusive_leak_fails_a_full_run() -> None:
+def test_inconclusive_leak_fails_a_full_run() -> None:
     sc = inconclusive_rss()
     skipped(run("soak.rss_trend", {**sc, "mode": "quick"}), "not conclusively", "full run")
     c = run("soak.rss_trend", {**sc, "mode": "full"})
@@ -203,7 +203,7 @@ def _pool_growth(seconds: int = 600, leak_per_min: float = 0.0, seed: int = 2) -
     return sc
 
 
-def test_issue9_fds_trend_judges_sockets_net_of_the_harness_connections() -> None:
+def test_fds_trend_judges_sockets_net_of_the_harness_connections() -> None:
     sc = _pool_growth()
     c = run("soak.fds_trend", sc)
     passed(c)
@@ -220,7 +220,7 @@ def test_issue9_fds_trend_judges_sockets_net_of_the_harness_connections() -> Non
     assert c.value == pytest.approx(3.0, rel=0.25) and "socket fd leak" in c.detail
 
 
-def test_issue9_one_late_connection_count_does_not_judge_the_pool_as_the_servers() -> None:
+def test_one_late_connection_count_does_not_judge_the_pool_as_the_servers() -> None:
     """A count read late leaves one tick unknown (a measured contention run: 1 of 61). The
     net series is judged on the ticks that have a count; falling back to all sockets would
     fail the healthy run above on the harness's own growing pool."""
@@ -240,7 +240,7 @@ def test_issue9_one_late_connection_count_does_not_judge_the_pool_as_the_servers
     failed(run("soak.fds_trend", most))
 
 
-def test_issue9_sampler_counts_the_connections_the_harness_holds() -> None:
+def test_sampler_counts_the_connections_the_harness_holds() -> None:
     """A real server process with accepted connections: the sampler counts the ones whose
     other end is ours (peer_pids) and not the ones another process holds."""
     from harness.collectors.process import ProcessSampler
@@ -296,7 +296,7 @@ def test_issue9_sampler_counts_the_connections_the_harness_holds() -> None:
                 p.wait()
 
 
-def test_issue9_a_dual_stack_servers_view_of_a_v4_client_matches_the_client() -> None:
+def test_a_dual_stack_servers_view_of_a_v4_client_matches_the_client() -> None:
     from harness.collectors.procfs import _endpoint
 
     # ::ffff:127.0.0.1 port 0x1F90 as a dual-stack server's tcp6 line shows its peer
@@ -306,7 +306,7 @@ def test_issue9_a_dual_stack_servers_view_of_a_v4_client_matches_the_client() ->
     assert _endpoint(v6) == v6
 
 
-def test_issue9_client_conns_reach_the_results(tmp_path: Path) -> None:
+def test_client_conns_reach_the_results(tmp_path: Path) -> None:
     from harness.collectors import read_samples
     from harness.collectors.process import PROCESS_COLUMNS
 
@@ -326,7 +326,7 @@ def test_issue9_client_conns_reach_the_results(tmp_path: Path) -> None:
 # --- item 11: generator saturation per process ------------------------------------------------
 
 
-def test_issue9_one_saturated_worker_beside_an_idle_one_is_invalid() -> None:
+def test_one_saturated_worker_beside_an_idle_one_is_invalid() -> None:
     sc = sampled(60)
     hot = [40.0] * 20 + [98.0] * 10 + [40.0] * 30
     idle = [3.0] * 60
@@ -344,7 +344,7 @@ def test_issue9_one_saturated_worker_beside_an_idle_one_is_invalid() -> None:
     assert validity(old) == []
 
 
-def test_issue9_system_sampler_records_each_generator_process(tmp_path: Path, monkeypatch) -> None:
+def test_system_sampler_records_each_generator_process(tmp_path: Path, monkeypatch) -> None:
     from harness.collectors import procfs, read_samples, system
 
     ticks = {1: 0, 2: 0}  # pid → utime+stime in clock ticks
@@ -388,7 +388,7 @@ def rss_walk(rng: np.random.Generator, n: int) -> np.ndarray:
     return 100 + np.cumsum(steps) + rng.normal(0, 0.2, n)
 
 
-def test_issue9_random_walk_rss_false_positives_stay_near_alpha() -> None:
+def test_random_walk_rss_false_positives_stay_near_alpha() -> None:
     """200 healthy 1-hour series: LEAK or INCONCLUSIVE (both fail a full run) at most
     2.5 % (measured 4/200; the plain Mann–Kendall test failed 28/200). A 1 MiB/min leak on
     the same noise fails every one (measured 195 LEAK, 5 INCONCLUSIVE)."""
@@ -404,7 +404,7 @@ def test_issue9_random_walk_rss_false_positives_stay_near_alpha() -> None:
     assert caught == 200 and leak_verdicts >= 190
 
 
-def test_issue9_hamed_rao_widens_the_variance_for_autocorrelated_samples() -> None:
+def test_hamed_rao_widens_the_variance_for_autocorrelated_samples() -> None:
     rng = np.random.default_rng(5)
     e = np.zeros(60)
     for i in range(1, 60):

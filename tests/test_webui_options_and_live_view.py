@@ -26,7 +26,7 @@ def _parsed(*argv: str) -> Any:
     return get_parser().parse_args(["-f", "locustfiles/inference.py", *argv])
 
 
-def test_issue11_run_time_is_the_scenarios_length() -> None:
+def test_run_time_is_the_scenarios_length() -> None:
     assert options_from(_parsed("-t", "45s")).duration_s == 45.0
     assert options_from(_parsed("-t", "2m", "--duration", "120")).duration_s == 120.0
     with pytest.raises(ConfigError, match=r"-t/--run-time 30 s and --duration 40 s disagree"):
@@ -34,14 +34,14 @@ def test_issue11_run_time_is_the_scenarios_length() -> None:
 
 
 @pytest.mark.parametrize(("flag", "shown"), [("-u", "-u/--users 3"), ("-r", "-r/--spawn-rate 3")])
-def test_issue11_users_and_spawn_rate_are_refused_with_the_reason(flag: str, shown: str) -> None:
+def test_users_and_spawn_rate_are_refused_with_the_reason(flag: str, shown: str) -> None:
     with pytest.raises(ConfigError) as info:
         options_from(_parsed(flag, "3"))
     msg = str(info.value)
     assert msg.startswith(shown) and "--closed-loop USERS" in msg and "\n" not in msg
 
 
-def test_issue11_users_refused_by_a_real_locust_in_one_line() -> None:
+def test_users_refused_by_a_real_locust_in_one_line() -> None:
     proc = subprocess.run(
         locust_cmd("--headless", "-u", "5", "--scenario", "steady_state"),
         cwd=REPO,
@@ -54,7 +54,7 @@ def test_issue11_users_refused_by_a_real_locust_in_one_line() -> None:
     assert len(said) == 1 and "-u/--users 5 does not apply" in said[0], proc.stderr[-2000:]
 
 
-def test_issue11_form_text_is_typed_like_argparse_and_bad_text_names_the_option() -> None:
+def test_form_text_is_typed_like_argparse_and_bad_text_names_the_option() -> None:
     parsed = _parsed()
     parsed.sut_pid, parsed.seed, parsed.duration, parsed.model = "4321", " 7 ", "", ""
     opts = options_from(parsed, form=True)
@@ -68,7 +68,7 @@ def test_issue11_form_text_is_typed_like_argparse_and_bad_text_names_the_option(
     assert options_from(parsed, form=True).scenario == "steady_state"
 
 
-def test_issue11_run_dirs_never_overwrite(tmp_path: Path) -> None:
+def test_run_dirs_never_overwrite(tmp_path: Path) -> None:
     assert next_run_dir(tmp_path / "missing") == tmp_path / "missing" / "run-1"
     for name in ("run-1", "run-3", "run-x"):
         (tmp_path / name).mkdir()
@@ -76,7 +76,7 @@ def test_issue11_run_dirs_never_overwrite(tmp_path: Path) -> None:
     assert next_run_dir(tmp_path) == tmp_path / "run-4"
 
 
-def test_issue11_tail_rows_skip_a_row_being_written_and_one_the_window_cut(tmp_path: Path) -> None:
+def test_tail_rows_skip_a_row_being_written_and_one_the_window_cut(tmp_path: Path) -> None:
     path = tmp_path / "process.csv"
     rows = "".join(f"{t},{t * 10}\n" for t in range(1000))
     path.write_text("t,rss_bytes\n" + rows + "1000,99")  # the sampler is mid-row
@@ -87,7 +87,7 @@ def test_issue11_tail_rows_skip_a_row_being_written_and_one_the_window_cut(tmp_p
     assert _tail_rows(tmp_path / "none.csv") == []
 
 
-def test_issue11_server_now_is_the_last_tick_and_its_busy_threads(tmp_path: Path) -> None:
+def test_server_now_is_the_last_tick_and_its_busy_threads(tmp_path: Path) -> None:
     from harness.collectors.process import PROCESS_COLUMNS, THREAD_COLUMNS
 
     def line(cols: list[str], **kw: Any) -> str:
@@ -154,7 +154,7 @@ def _snap(judged: bool, passed: bool | None) -> dict[str, Any]:
     }
 
 
-def test_issue11_tab_rows_say_pending_with_the_side_so_far_then_the_verdict() -> None:
+def test_tab_rows_say_pending_with_the_side_so_far_then_the_verdict() -> None:
     rows = webui.table_rows(_snap(judged=False, passed=False))
     assert [r["section"] for r in rows] == [
         "run", "stage", "stage", "check", "chaos", "validity", "runs",
@@ -185,7 +185,7 @@ class _Env:
         self.parsed_options = _parsed("--scenario", "integrity")
 
 
-def test_issue11_start_form_is_refused_with_the_command_lines_error_or_while_a_run_goes() -> None:
+def test_start_form_is_refused_with_the_command_lines_error_or_while_a_run_goes() -> None:
     from harness.load.lifecycle import RunState
 
     idle, env = _State(RunState.IDLE), _Env()
@@ -201,7 +201,7 @@ def test_issue11_start_form_is_refused_with_the_command_lines_error_or_while_a_r
 
 
 @pytest.mark.slow
-def test_issue11_a_headless_run_with_t_lasts_that_long(tmp_path: Path) -> None:
+def test_a_headless_run_with_t_lasts_that_long(tmp_path: Path) -> None:
     """``-t 6s`` on a real headless run: the scenario's stages are scaled to 6 s, and the
     results say so (Locust alone would ignore -t for a load shape)."""
     import sys

@@ -88,7 +88,7 @@ def _proxy_of(parent: int) -> psutil.Process | None:
 
 
 @pytest.mark.slow
-def test_issue12_sigkill_of_locust_mid_blackhole_leaves_no_proxy(tmp_path: Path) -> None:
+def test_sigkill_of_locust_mid_blackhole_leaves_no_proxy(tmp_path: Path) -> None:
     scenario = tmp_path / "network_kill.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "out"

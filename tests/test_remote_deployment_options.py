@@ -171,14 +171,14 @@ def _client(url: str, *headers: str, ca: Path | None = None, insecure: bool = Fa
         ("Authorization: s3cr\u20acet", "Latin-1"),
     ],
 )
-def test_issue13_bad_header_is_a_one_line_usage_error_without_the_value(given, message):
+def test_bad_header_is_a_one_line_usage_error_without_the_value(given, message):
     with pytest.raises(ConfigError, match=message) as err:
         http.parse_headers([given])
     text = str(err.value)
     assert "s3cret" not in text and "\n" not in text and err.value.exit_code == 2
 
 
-def test_issue13_header_given_twice_is_refused():
+def test_header_given_twice_is_refused():
     with pytest.raises(ConfigError, match="given twice"):
         http.parse_headers(["Authorization: a", "authorization: b"])
 
@@ -189,7 +189,7 @@ def _plugin_parse(argv: list[str], env: dict[str, str] | None = None) -> argpars
     return p.parse_args(argv, env_vars=env or {})
 
 
-def test_issue13_plugin_options_parse_validate_and_travel_to_workers(tmp_path, certs):
+def test_plugin_options_parse_validate_and_travel_to_workers(tmp_path, certs):
     parsed = _plugin_parse(
         ["--header", f"Authorization: {SECRET}", "--header", "Host:model.example.com",
          "--ca-cert", str(certs["ca"]), "--metrics-url", "http://127.0.0.1:8002/metrics"]
@@ -223,7 +223,7 @@ def test_issue13_plugin_options_parse_validate_and_travel_to_workers(tmp_path, c
 # -- --header: on every request the harness makes --------------------------------------------
 
 
-def test_issue13_headers_reach_the_server_on_every_request_path(certs):
+def test_headers_reach_the_server_on_every_request_path(certs):
     """Preflight GET, metadata, golden outputs, calibration and the load's pre-built
     requests all carry the headers; a given Host replaces the default one."""
     srv = Recorder(tls=certs)
@@ -258,7 +258,7 @@ def test_issue13_headers_reach_the_server_on_every_request_path(certs):
         srv.stop()
 
 
-def test_issue13_without_headers_the_request_is_unchanged():
+def test_without_headers_the_request_is_unchanged():
     head = http.build_head("POST", "/v2/models/m/infer", "h", 8000, 7, http.Client())
     assert head == (
         b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h:8000\r\nUser-Agent: harness-load\r\n"
@@ -269,7 +269,7 @@ def test_issue13_without_headers_the_request_is_unchanged():
 # -- https:// ---------------------------------------------------------------------------------
 
 
-def test_issue13_tls_keep_alive_reuses_one_connection(certs):
+def test_tls_keep_alive_reuses_one_connection(certs):
     srv = Recorder(tls=certs)
     try:
         client = _client(srv.url, ca=certs["ca"])
@@ -287,7 +287,7 @@ def test_issue13_tls_keep_alive_reuses_one_connection(certs):
         srv.stop()
 
 
-def test_issue13_tls_failures_are_usage_errors_naming_the_fix(certs, tmp_path):
+def test_tls_failures_are_usage_errors_naming_the_fix(certs, tmp_path):
     srv = Recorder(tls=certs)
     plain = Recorder()
     try:
@@ -323,7 +323,7 @@ def test_issue13_tls_failures_are_usage_errors_naming_the_fix(certs, tmp_path):
         plain.stop()
 
 
-def test_issue13_tls_failure_during_load_is_a_connection_error(certs):
+def test_tls_failure_during_load_is_a_connection_error(certs):
     """Under load a TLS failure is one more failed request (the engine's ConnectionFailed),
     never an exception that kills the user greenlet."""
     srv = Recorder(tls=certs)
@@ -339,7 +339,7 @@ def test_issue13_tls_failure_during_load_is_a_connection_error(certs):
 # -- harness run / acceptance ------------------------------------------------------------------
 
 
-def test_issue13_cli_refuses_bad_deployment_options_in_one_line(capsys, certs, tmp_path):
+def test_cli_refuses_bad_deployment_options_in_one_line(capsys, certs, tmp_path):
     srv = Recorder(tls=certs)
     try:
         base = ["run", "steady_state", "--out", str(tmp_path / "o")]
@@ -356,7 +356,7 @@ def test_issue13_cli_refuses_bad_deployment_options_in_one_line(capsys, certs, t
         srv.stop()
 
 
-def test_issue13_acceptance_forwards_headers_in_the_environment_not_argv(certs):
+def test_acceptance_forwards_headers_in_the_environment_not_argv(certs):
     t = Target(
         url="https://10.0.0.5:8443",
         headers=(f"Authorization: {SECRET}",),
@@ -381,7 +381,7 @@ def _doc(**machine) -> dict:
     return {"machine": m, "sut": {}, "scenarios": []}
 
 
-def test_issue13_compare_matches_machines_on_cpu_not_hostname(tmp_path):
+def test_compare_matches_machines_on_cpu_not_hostname(tmp_path):
     # two ephemeral runners of one class: only the hostname differs
     cmp = compare(_doc(host="runner-a"), _doc(host="runner-b"))
     assert any("machine.host differs" in w for w in cmp.warnings)
@@ -400,7 +400,7 @@ def test_issue13_compare_matches_machines_on_cpu_not_hostname(tmp_path):
     assert "cpu_model" in m and "governor" in m and m["cpu_model"]
 
 
-def test_issue13_compare_cli_exit_codes(tmp_path, capsys):
+def test_compare_cli_exit_codes(tmp_path, capsys):
     from harness.results import write_document
     from tests.results_factory import build_document
 

@@ -73,7 +73,7 @@ def consistent(entry: dict[str, Any]) -> None:
 # -- the server -----------------------------------------------------------------------
 
 
-def test_issue13_stats_endpoint_triton_shape_and_extension_listed() -> None:
+def test_stats_endpoint_triton_shape_and_extension_listed() -> None:
     with client() as c:
         assert "statistics" in c.get("/v2").json()["extensions"]
         first = stats(c)
@@ -105,7 +105,7 @@ def test_issue13_stats_endpoint_triton_shape_and_extension_listed() -> None:
         assert c.get("/v2/models/sim/versions/7/stats").status_code == 404
 
 
-def test_issue13_stats_batched_requests_share_compute_and_wait_in_queue() -> None:
+def test_stats_batched_requests_share_compute_and_wait_in_queue() -> None:
     """A request computing on a 60 ms model, 7 more arriving meanwhile: they wait in the
     queue for it, then run as one batch — 2 executions for 8 requests, every request
     charged its batch's whole model time (Triton's convention), the 7 a queue time."""
@@ -140,7 +140,7 @@ def wait_until(cond: Any, timeout: float = 30.0) -> None:
         time.sleep(0.002)
 
 
-def test_issue13_stats_no_batching_fault_runs_one_request_per_execution() -> None:
+def test_stats_no_batching_fault_runs_one_request_per_execution() -> None:
     cfg = dataclasses.replace(SIM, sim_base_ms=20.0, faults=parse_faults(["no-batching"]))
     with client(cfg) as c:
         assert concurrent(c, [infer_body([ROW])] * 6) == [200] * 6
@@ -149,7 +149,7 @@ def test_issue13_stats_no_batching_fault_runs_one_request_per_execution() -> Non
         assert [b["batch_size"] for b in e["batch_stats"]] == [1]
 
 
-def test_issue13_stats_failures_counted_apart_from_successes() -> None:
+def test_stats_failures_counted_apart_from_successes() -> None:
     """A model error (fault error-rate:1) and a deadline that expired in the queue are
     ``fail``; neither adds to the success, queue or compute counts."""
     cfg = dataclasses.replace(SIM, faults=parse_faults(["error-rate:1"]))
@@ -206,7 +206,7 @@ def triton_doc(
     }
 
 
-def test_issue13_stats_split_from_counter_differences() -> None:
+def test_stats_split_from_counter_differences() -> None:
     """Means per request from the differences between two reads, versions of the model
     summed, other models ignored; a counter that went backwards (restart) gives nothing."""
     from harness.load.server_stats import counters_of, stage_split
@@ -259,7 +259,7 @@ def stages_ab() -> list[Any]:
     ]
 
 
-def test_issue13_stats_read_once_per_stage_edge_on_the_scenario_clock(
+def test_stats_read_once_per_stage_edge_on_the_scenario_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from harness.load import server_stats
@@ -284,7 +284,7 @@ def test_issue13_stats_read_once_per_stage_edge_on_the_scenario_clock(
     assert (low["start_s"], low["end_s"], high["end_s"]) == (0.0, 5.0, 10.0)
 
 
-def test_issue13_stats_failed_read_and_early_stop_named_per_stage(
+def test_stats_failed_read_and_early_stop_named_per_stage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No retries: a failed read leaves its stages out, with the reason; a run stopped
@@ -313,7 +313,7 @@ def test_issue13_stats_failed_read_and_early_stop_named_per_stage(
     assert out["missing"] == {"high": "not reached (t=5 s)"}
 
 
-def test_issue13_stats_absent_when_server_does_not_offer_them(
+def test_stats_absent_when_server_does_not_offer_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One GET at preparation; no side task, no field, and the document still valid."""
@@ -355,7 +355,7 @@ def test_issue13_stats_absent_when_server_does_not_offer_them(
     assert schema_errors(json.loads(json.dumps(doc))) == []
 
 
-def test_issue13_stats_read_through_the_load_client_with_its_headers() -> None:
+def test_stats_read_through_the_load_client_with_its_headers() -> None:
     """The GET goes through ``harness.load.http`` with the run's ``--header`` values (an
     ingress needs its auth token on this request too)."""
     from gevent.pywsgi import WSGIServer
@@ -384,7 +384,7 @@ def test_issue13_stats_read_through_the_load_client_with_its_headers() -> None:
     assert seen == [("/v2/models/my model/stats", "Bearer t0k")]
 
 
-def test_issue13_stats_reports_show_the_split_per_stage() -> None:
+def test_stats_reports_show_the_split_per_stage() -> None:
     from harness.report.html import render_html
     from harness.report.summary import render_summary
     from harness.results import new_document
@@ -468,7 +468,7 @@ def _in_flight_bound(sc: dict[str, Any], name: str) -> float:
 
 
 @pytest.mark.slow
-def test_issue13_stats_real_run_splits_queue_and_compute_per_stage(tmp_path: Any) -> None:
+def test_stats_real_run_splits_queue_and_compute_per_stage(tmp_path: Any) -> None:
     from tests.detection_cases import ACCEPTANCE_SCENARIOS
 
     # the healthy integrity run of this session's quick acceptance (the default reference

@@ -26,7 +26,7 @@ from tests.server_fixtures import is_ready
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_issue12_preflight_lets_an_attached_server_crash_but_not_roll() -> None:
+def test_preflight_lets_an_attached_server_crash_but_not_roll() -> None:
     crash = load_scenario("crash_restart", mode="quick")
     roll = load_scenario("rolling_shutdown", mode="quick")
     attached = TargetFacts(sut_cmd=None, attached=True, sut_pid=4321)
@@ -42,7 +42,7 @@ def test_issue12_preflight_lets_an_attached_server_crash_but_not_roll() -> None:
     assert why is not None and "supervisor" in why
 
 
-def test_issue12_listener_pid_names_the_process_on_the_port() -> None:
+def test_listener_pid_names_the_process_on_the_port() -> None:
     s = socket.create_server(("127.0.0.1", 0))
     try:
         assert listener_pid(s.getsockname()[1]) == os.getpid()
@@ -51,7 +51,7 @@ def test_issue12_listener_pid_names_the_process_on_the_port() -> None:
     assert listener_pid(free_port()) is None
 
 
-def test_issue12_nothing_restarting_the_server_is_named() -> None:
+def test_nothing_restarting_the_server_is_named() -> None:
     port = free_port()
     sut = AttachedSut(os.getpid(), f"http://127.0.0.1:{port}")
     assert sut.waits_for_supervisor
@@ -66,7 +66,7 @@ def _ready(port: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_issue12_crash_restart_of_an_attached_server_waits_for_its_supervisor(tmp_path) -> None:
+def test_crash_restart_of_an_attached_server_waits_for_its_supervisor(tmp_path) -> None:
     port = free_port()
     server = f"{shlex.quote(sys.executable)} -m reference_server --model mlp --port {port}"
     # a restart loop, as a supervisor: the server starts again 0.5 s after it exits

@@ -42,7 +42,7 @@ def _doc(*scenarios: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def test_issue9_a_scenario_that_judged_nothing_is_not_a_pass() -> None:
+def test_a_scenario_that_judged_nothing_is_not_a_pass() -> None:
     doc = judge(_doc(_soak_attached_without_pid()))
     sc = doc["scenarios"][0]
     states = {c["id"]: c["passed"] for c in sc["checks"]}
@@ -54,7 +54,7 @@ def test_issue9_a_scenario_that_judged_nothing_is_not_a_pass() -> None:
     assert exit_code_for(doc) == ExitCode.NOT_JUDGED == 4
 
 
-def test_issue9_skips_are_named_in_the_verdict_line_summary_and_junit() -> None:
+def test_skips_are_named_in_the_verdict_line_summary_and_junit() -> None:
     doc = judge(_doc(_soak_attached_without_pid()))
     line = verdict_sentence(doc)
     assert line.startswith("NOT JUDGED")
@@ -68,7 +68,7 @@ def test_issue9_skips_are_named_in_the_verdict_line_summary_and_junit() -> None:
     assert skipped is not None and "no server-side samples" in skipped.get("message", "")
 
 
-def test_issue9_a_real_failure_is_never_hidden_behind_another_invalid_scenario() -> None:
+def test_a_real_failure_is_never_hidden_behind_another_invalid_scenario() -> None:
     """Old rule: invalid > fail overall, so one invalid scenario (say linearity finding a
     config problem at the end) turned 24 judged checks with real failures into exit 3."""
     failing = result(
@@ -89,7 +89,7 @@ def test_issue9_a_real_failure_is_never_hidden_behind_another_invalid_scenario()
     assert "fail: steady_state" in line and "invalid: spike" in line
 
 
-def test_issue9_pass_needs_every_scenario_judged() -> None:
+def test_pass_needs_every_scenario_judged() -> None:
     ok = result(
         name="steady_state", check_config={"steady.error_rate": {}}, counters=counters(1000)
     )
@@ -99,7 +99,7 @@ def test_issue9_pass_needs_every_scenario_judged() -> None:
     assert doc["verdict"] == "not_judged" and exit_code_for(doc) == ExitCode.NOT_JUDGED
 
 
-def test_issue9_excluded_scenarios_are_named_and_reported_as_skipped() -> None:
+def test_excluded_scenarios_are_named_and_reported_as_skipped() -> None:
     ok = result(
         name="steady_state", check_config={"steady.error_rate": {}}, counters=counters(1000)
     )
@@ -134,7 +134,7 @@ def _harness(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_issue9_run_without_threads_placeholder_is_exit_2_naming_the_fix(tmp_path) -> None:
+def test_run_without_threads_placeholder_is_exit_2_naming_the_fix(tmp_path) -> None:
     """Old: the missing {threads} was found when linearity started (after the server had
     started, or — in acceptance — after 9 minutes of other scenarios)."""
     r = _harness("run", "linearity", "--sut-cmd", REF, "--sut-cores", "0-1", "--out", str(tmp_path))
@@ -144,19 +144,19 @@ def test_issue9_run_without_threads_placeholder_is_exit_2_naming_the_fix(tmp_pat
     assert not (tmp_path / "linearity").exists()  # nothing was started
 
 
-def test_issue9_cold_start_against_an_attached_server_is_refused(tmp_path) -> None:
+def test_cold_start_against_an_attached_server_is_refused(tmp_path) -> None:
     """Old: a warning, then first_p99_ratio judged the 'first' requests of a warm server."""
     r = _harness("run", "cold_start", "--target", "http://127.0.0.1:9", "--out", str(tmp_path))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no cold start to measure" in r.stderr and "--sut-cmd" in r.stderr
 
 
-def test_issue9_bad_placeholder_is_a_usage_error(tmp_path) -> None:
+def test_bad_placeholder_is_a_usage_error(tmp_path) -> None:
     r = _harness("run", "steady_state", "--sut-cmd", REF + " --workers {thread}")
     assert r.returncode == 2 and "bad placeholder" in r.stderr, r.stderr
 
 
-def test_issue9_acceptance_leaves_out_what_the_target_cannot_support(tmp_path) -> None:
+def test_acceptance_leaves_out_what_the_target_cannot_support(tmp_path) -> None:
     from harness.acceptance import CHECKLIST, Plan, Target, preflight
 
     one_core = Plan(

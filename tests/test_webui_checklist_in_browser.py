@@ -260,7 +260,7 @@ def _locust(*args: str, log: Path) -> subprocess.Popen:
     )
 
 
-def test_issue11_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_tab(
+def test_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_tab(
     browser: Any, tmp_path: Path
 ) -> None:
     """Standalone: run 1 with a cross-wiring server named in the start form (FAIL on
@@ -315,9 +315,7 @@ def test_issue11_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_
     assert "integrity.mismatches" in last and last.endswith("; the last run passed"), last
 
 
-def test_issue11_ui_on_a_distributed_master_judges_with_its_worker(
-    browser: Any, tmp_path: Path
-) -> None:
+def test_ui_on_a_distributed_master_judges_with_its_worker(browser: Any, tmp_path: Path) -> None:
     """A master with the web UI and one worker: the tab shows the run's verdict and it
     equals results.json; the load came from the worker."""
     web, master = _free_port(), _free_port()

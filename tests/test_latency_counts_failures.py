@@ -79,7 +79,7 @@ def fast(n: int, seed: int = 0) -> list[float]:
 # --- item 6: failed requests count against the latency SLO ----------------------------------
 
 
-def test_issue9_steady_p99_counts_failed_and_dropped_requests_as_over_the_slo() -> None:
+def test_steady_p99_counts_failed_and_dropped_requests_as_over_the_slo() -> None:
     # the stall server: ok answers fast (p99 < 159 ms), the stalled 1.5 % timed out or
     # were dropped at the client's cap — the old check judged the ok ones only and passed
     lat = fast(19_700)
@@ -94,7 +94,7 @@ def test_issue9_steady_p99_counts_failed_and_dropped_requests_as_over_the_slo() 
     failed(run("steady.p99_ms", steady(fast(9_800), dropped=200), threshold=159))
 
 
-def test_issue9_steady_p99_is_the_ok_latency_at_the_rank_shifted_by_failures() -> None:
+def test_steady_p99_is_the_ok_latency_at_the_rank_shifted_by_failures() -> None:
     # 0.6 % slow ok answers and 0.6 % failures: each alone fits in the 1 % a p99 leaves,
     # together they do not. Ok-only the p99 is 20 ms; ranked with the failures it is 600.
     lat = [20.0] * 9_940 + [600.0] * 60
@@ -107,13 +107,13 @@ def test_issue9_steady_p99_is_the_ok_latency_at_the_rank_shifted_by_failures() -
     passed(run("steady.p99_ms", steady(lat), threshold=200))
 
 
-def test_issue9_requests_in_flight_at_the_end_are_neither_ok_nor_failed() -> None:
+def test_requests_in_flight_at_the_end_are_neither_ok_nor_failed() -> None:
     c = run("steady.p99_ms", steady(fast(10_000), in_flight=500), threshold=159)
     passed(c)
     assert c.n == 10_000
 
 
-def test_issue9_early_stopping_counts_failures_as_overs() -> None:
+def test_early_stopping_counts_failures_as_overs() -> None:
     # 500 fast ok answers and 2 timeouts: ok-only that is 0 over in 500 >= 459, a pass;
     # with the 2 failures as overs a confident pass needs more requests
     sc = steady([10.0] * 500, {"timeout": 2})
@@ -126,7 +126,7 @@ def test_issue9_early_stopping_counts_failures_as_overs() -> None:
     assert slo_assessment(h, 50.0).verdict == "pass"  # the old, ok-only view
 
 
-def test_issue9_percentile_with_failures_ranks_them_above_every_success() -> None:
+def test_percentile_with_failures_ranks_them_above_every_success() -> None:
     h = decode(hdr([1000 * (i + 1) for i in range(99)]))  # 1..99 ms
     assert percentile_with_failures_ms(h, 99.0, 0) == pytest.approx(99, rel=0.01)
     assert percentile_with_failures_ms(h, 50.0, 1) == pytest.approx(50, rel=0.01)
@@ -137,7 +137,7 @@ def test_issue9_percentile_with_failures_ranks_them_above_every_success() -> Non
     assert percentile_with_failures_ms(decode(hdr([])), 99.0, 0) is None
 
 
-def test_issue9_high_p99_counts_the_high_class_failures() -> None:
+def test_high_p99_counts_the_high_class_failures() -> None:
     # the high class answers fast but fails 3 % (within its 5 % reject budget): the old
     # p99 over its ok answers passed at 30 ms
     sc = priority_result(high_ms=30, high_fail=30)
@@ -155,7 +155,7 @@ def first_doc(rec: Recording) -> dict[str, Any]:
     return json.loads(json.dumps(rec.first_requests()))
 
 
-def test_issue9_recording_follows_the_first_requests_sent_across_drain_and_merge() -> None:
+def test_recording_follows_the_first_requests_sent_across_drain_and_merge() -> None:
     rec = Recording(first_n=10)
     master = Recording(first_n=10)
     ts = [i * 0.1 for i in range(15)]
@@ -188,7 +188,7 @@ def test_issue9_recording_follows_the_first_requests_sent_across_drain_and_merge
     assert decode(first["latency_hdr"]).get_total_count() == 5
 
 
-def test_issue9_first_requests_are_capped_per_worker_and_added_on_merge() -> None:
+def test_first_requests_are_capped_per_worker_and_added_on_merge() -> None:
     master = Recording()
     for source in ("w0", "w1"):
         rec = Recording(first_n=3)
@@ -223,7 +223,7 @@ def first_block(ok_ms: list[float], **fails: int) -> dict[str, Any]:
     return {"n": len(ok_ms), "latency_hdr": hdr_ms(ok_ms), **c, "failed_total": sum(fails.values())}
 
 
-def test_issue9_cold_start_fails_a_server_that_fails_its_first_requests() -> None:
+def test_cold_start_fails_a_server_that_fails_its_first_requests() -> None:
     # the first 100 sent: 90 answered as fast as the warm ones, 10 answered 503 — the old
     # check saw 90 "first" ok latencies (>= min_first 20) at 1.0x and passed
     sc = cold_result(first_block([20.0] * 90, http_503=10))
@@ -238,7 +238,7 @@ def test_issue9_cold_start_fails_a_server_that_fails_its_first_requests() -> Non
     failed(run("cold_start.first_error_rate", cold_result(first_block([20.0] * 95, dropped=5))))
 
 
-def test_issue9_cold_start_one_failure_shifts_the_first_p99_without_failing_it() -> None:
+def test_cold_start_one_failure_shifts_the_first_p99_without_failing_it() -> None:
     # 1 failure in the first 100: judged at their 5th slowest (rank 96), it ranks above
     # every success, so the rank lands one answer lower — on the slowest of 4 slow ones
     sc = cold_result(first_block([20.0] * 95 + [400.0] * 4, timeout=1))
@@ -252,7 +252,7 @@ def test_issue9_cold_start_one_failure_shifts_the_first_p99_without_failing_it()
     passed(run("cold_start.first_p99_ratio", ok))
 
 
-def test_issue9_first_error_rate_passes_a_clean_start_and_skips_without_evidence() -> None:
+def test_first_error_rate_passes_a_clean_start_and_skips_without_evidence() -> None:
     c = run("cold_start.first_error_rate", cold_result(first_block([20.0] * 100)))
     passed(c)
     assert c.value == 0 and c.n == 100
@@ -268,7 +268,7 @@ def test_issue9_first_error_rate_passes_a_clean_start_and_skips_without_evidence
 # --- item 8: drift beyond tolerance is a wrong answer -----------------------------------------
 
 
-def test_issue9_integrity_fails_drift_unless_the_model_is_declared_nondeterministic() -> None:
+def test_integrity_fails_drift_unless_the_model_is_declared_nondeterministic() -> None:
     integ = {
         "checked": 3_000,
         "ok": 2_995,
@@ -304,7 +304,7 @@ def test_issue9_integrity_fails_drift_unless_the_model_is_declared_nondeterminis
 # --- the reference server's cold-errors fault (the detection case for first_error_rate) ----
 
 
-def test_issue9_cold_errors_fault_refuses_only_the_first_n_inference_requests() -> None:
+def test_cold_errors_fault_refuses_only_the_first_n_inference_requests() -> None:
     assert parse_faults(["cold-errors"]).names() == ["cold-errors:10"]
     with pytest.raises(ServerConfigError, match="cold-errors:N_REQUESTS"):
         parse_faults(["cold-errors:0"])

@@ -66,7 +66,7 @@ def pool():
         p.wait()
 
 
-def test_issue13_sampler_rereads_open_thread_files_instead_of_reopening(pool, tmp_path) -> None:
+def test_sampler_rereads_open_thread_files_instead_of_reopening(pool, tmp_path) -> None:
     p, _ = pool
     sampler = ProcessSampler(p.pid, tmp_path)
     t0 = time.monotonic()
@@ -91,7 +91,7 @@ def test_issue13_sampler_rereads_open_thread_files_instead_of_reopening(pool, tm
     assert len(sampler._files) == 0
 
 
-def test_issue13_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> None:
+def test_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> None:
     p, tid = pool
     sampler = ProcessSampler(p.pid, tmp_path)
     t0 = time.monotonic()
@@ -114,7 +114,7 @@ def test_issue13_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path
         sampler.close()
 
 
-def test_issue13_open_file_of_an_exited_task_reads_none_not_stale_data(pool) -> None:
+def test_open_file_of_an_exited_task_reads_none_not_stale_data(pool) -> None:
     p, tid = pool
     files = procfs.OpenFiles()
     path = f"/proc/{p.pid}/task/{tid}/stat"
@@ -130,7 +130,7 @@ def test_issue13_open_file_of_an_exited_task_reads_none_not_stale_data(pool) -> 
     assert len(files) == 0
 
 
-def test_issue13_idle_thread_rows_match_the_full_read(pool, tmp_path) -> None:
+def test_idle_thread_rows_match_the_full_read(pool, tmp_path) -> None:
     """threads.csv written with the idle shortcut equals every row formatted in full."""
     p, _ = pool
     sampler = ProcessSampler(p.pid, tmp_path)
@@ -152,7 +152,7 @@ def test_issue13_idle_thread_rows_match_the_full_read(pool, tmp_path) -> None:
     assert len(busy) >= 1 and len(idle) >= 55
 
 
-def test_issue13_tcp_table_is_read_only_when_a_new_socket_turns_up(tmp_path: Path) -> None:
+def test_tcp_table_is_read_only_when_a_new_socket_turns_up(tmp_path: Path) -> None:
     """The harness-own connection count stays right while the table is read only on change."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -93,7 +93,7 @@ def _alive(pid: int) -> bool:
 # -- the toxics, measured ----------------------------------------------------------------
 
 
-def test_issue12_latency_toxic_adds_its_delay_once_per_round_trip(proxy: FaultProxy) -> None:
+def test_latency_toxic_adds_its_delay_once_per_round_trip(proxy: FaultProxy) -> None:
     with socket.create_connection(("127.0.0.1", proxy.port)) as s:
         clean = _median([_round_trip(s) for _ in range(5)])
         proxy.command(
@@ -110,7 +110,7 @@ def test_issue12_latency_toxic_adds_its_delay_once_per_round_trip(proxy: FaultPr
     assert 0.8 * 5 * 0.060 <= counters["delay_s"] <= 1.6 * 5 * 0.060
 
 
-def test_issue12_slicer_cuts_the_request_and_counts_its_gaps(proxy: FaultProxy) -> None:
+def test_slicer_cuts_the_request_and_counts_its_gaps(proxy: FaultProxy) -> None:
     with socket.create_connection(("127.0.0.1", proxy.port)) as s:
         clean = _round_trip(s, 2048)
         proxy.command(
@@ -123,7 +123,7 @@ def test_issue12_slicer_cuts_the_request_and_counts_its_gaps(proxy: FaultProxy) 
     assert sliced - clean >= 0.8 * counters["delay_s"]
 
 
-def test_issue12_reset_peer_resets_both_ends(proxy: FaultProxy) -> None:
+def test_reset_peer_resets_both_ends(proxy: FaultProxy) -> None:
     proxy.command("add", id="r", kind="reset_peer", stream="downstream")
     with (
         socket.create_connection(("127.0.0.1", proxy.port)) as s,
@@ -138,7 +138,7 @@ def test_issue12_reset_peer_resets_both_ends(proxy: FaultProxy) -> None:
     assert _Echo.resets == 1  # the server's recv saw ECONNRESET: a TCP RST, not a FIN
 
 
-def test_issue12_timeout_toxic_holds_data_until_removed(proxy: FaultProxy) -> None:
+def test_timeout_toxic_holds_data_until_removed(proxy: FaultProxy) -> None:
     with socket.create_connection(("127.0.0.1", proxy.port)) as s:
         _round_trip(s)
         proxy.command("add", id="t", kind="timeout", stream="upstream")
@@ -153,7 +153,7 @@ def test_issue12_timeout_toxic_holds_data_until_removed(proxy: FaultProxy) -> No
         _round_trip(s2)  # new connections pass again
 
 
-def test_issue12_toxicity_draws_once_per_connection(proxy: FaultProxy) -> None:
+def test_toxicity_draws_once_per_connection(proxy: FaultProxy) -> None:
     proxy.command("add", id="h", kind="latency", stream="downstream", toxicity=0.5, latency_ms=1)
     for _ in range(40):
         with socket.create_connection(("127.0.0.1", proxy.port)) as s:
@@ -165,7 +165,7 @@ def test_issue12_toxicity_draws_once_per_connection(proxy: FaultProxy) -> None:
     assert c["chunks_affected"] == 2 * c["connections_affected"]  # both or neither
 
 
-def test_issue12_toxicity_per_chunk_draws_every_request(proxy: FaultProxy) -> None:
+def test_toxicity_per_chunk_draws_every_request(proxy: FaultProxy) -> None:
     proxy.command(
         "add", id="q", kind="latency", stream="downstream", toxicity=0.5, per="chunk", latency_ms=1
     )
@@ -177,7 +177,7 @@ def test_issue12_toxicity_per_chunk_draws_every_request(proxy: FaultProxy) -> No
     assert 20 <= c["chunks_affected"] <= 60  # Binomial(80, 0.5) on one connection
 
 
-def test_issue12_proxy_exits_when_its_control_pipe_closes(echo: int) -> None:
+def test_proxy_exits_when_its_control_pipe_closes(echo: int) -> None:
     """The parent's death closes the pipe: EOF alone ends the proxy and frees its port."""
     p = FaultProxy("127.0.0.1", echo).start(register=False)
     assert p.proc is not None and p.proc.stdin is not None
@@ -190,7 +190,7 @@ def test_issue12_proxy_exits_when_its_control_pipe_closes(echo: int) -> None:
         s.bind(("127.0.0.1", port))  # free again
 
 
-def test_issue12_proxy_dies_with_a_sigkilled_parent(echo: int) -> None:
+def test_proxy_dies_with_a_sigkilled_parent(echo: int) -> None:
     code = (
         "import sys, time\n"
         "from harness.chaos.proxy import FaultProxy\n"
@@ -220,7 +220,7 @@ def test_issue12_proxy_dies_with_a_sigkilled_parent(echo: int) -> None:
 # -- the action, the scenario and the evidence ------------------------------------------
 
 
-def test_issue12_network_action_records_what_the_proxy_did(proxy: FaultProxy) -> None:
+def test_network_action_records_what_the_proxy_did(proxy: FaultProxy) -> None:
     events = [(0.0, "network", {"toxic": "reset_peer", "duration_s": 0.3})]
     actions = {"network": lambda t, p: NetworkFault(p, p["duration_s"], proxy=proxy)}
     tl = Timeline(events, None, handle_signals=False, actions=actions)  # type: ignore[arg-type]
@@ -239,7 +239,7 @@ def test_issue12_network_action_records_what_the_proxy_did(proxy: FaultProxy) ->
     assert "touched no traffic" in why
 
 
-def test_issue12_network_without_a_proxy_fails_at_apply() -> None:
+def test_network_without_a_proxy_fails_at_apply() -> None:
     action = NetworkFault({"toxic": "latency"}, 1.0)
     with pytest.raises(HarnessError, match="no fault proxy"):
         action.apply()
@@ -256,12 +256,12 @@ def test_issue12_network_without_a_proxy_fails_at_apply() -> None:
         ({"toxic": "latency", "per": "packet"}, "network.per has value 'packet'"),
     ],
 )
-def test_issue12_bad_toxic_is_a_config_error(params: dict[str, Any], message: str) -> None:
+def test_bad_toxic_is_a_config_error(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         toxic_spec(params)
 
 
-def test_issue12_scenario_names_the_bad_chaos_event() -> None:
+def test_scenario_names_the_bad_chaos_event() -> None:
     src = """
 [[stages]]
 rate = 10
@@ -277,7 +277,7 @@ latency_ms = 5
         parse_scenario(tomllib.loads(src), "x.toml")
 
 
-def test_issue12_packaged_network_scenario() -> None:
+def test_packaged_network_scenario() -> None:
     for mode, length in (("quick", 52.0), ("full", 170.0)):
         s = load_scenario("network", mode)
         assert s.duration_s == length
@@ -319,7 +319,7 @@ def _judge(fn: Any, cid: str, result: dict[str, Any]) -> Any:
     return fn(result, resolve_params(cid))
 
 
-def test_issue12_amplification_passes_the_injected_delay_and_fails_a_stall() -> None:
+def test_amplification_passes_the_injected_delay_and_fails_a_stall() -> None:
     # 10 s of 40 ms latency at 80 req/s: 800 requests, 32 s injected = 40 ms each
     ev = _event("latency", 10, 20, delay_s=32.0)
     healthy = {"chaos": [ev], "windows": _windows({(10, 20): 72.0}, 30)}
@@ -347,7 +347,7 @@ def _server(socks: list[int], conns: list[int], threads: list[int]) -> dict[str,
             "socket_fds": socks, "client_conns": conns, "threads": threads}}  # fmt: skip
 
 
-def test_issue12_leaks_nets_out_the_harness_connections() -> None:
+def test_leaks_nets_out_the_harness_connections() -> None:
     ev = _event("reset_peer", 20, 25, resets=300)
     n = 40
     # the harness's pool grows after the faults (more client sockets), the server's own
@@ -376,7 +376,7 @@ def test_issue12_leaks_nets_out_the_harness_connections() -> None:
     assert c.passed is None and "no server-side samples" in c.skipped
 
 
-def test_issue12_checks_judge_through_the_engine() -> None:
+def test_checks_judge_through_the_engine() -> None:
     ev = _event("latency", 10, 20, delay_s=32.0)
     result = {
         "name": "network",

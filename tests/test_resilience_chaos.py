@@ -60,7 +60,7 @@ class _Target:
 # -- the undo guard ---------------------------------------------------------------------
 
 
-def test_issue12_guard_continues_a_paused_process_when_its_owner_is_sigkilled() -> None:
+def test_guard_continues_a_paused_process_when_its_owner_is_sigkilled() -> None:
     """The owner (a stand-in for the harness) arms a guard, stops the target and dies by
     SIGKILL — no handler, no atexit runs; the kernel's pipe EOF makes the guard continue
     the target."""
@@ -91,7 +91,7 @@ def test_issue12_guard_continues_a_paused_process_when_its_owner_is_sigkilled() 
         target.wait(5)
 
 
-def test_issue12_guard_leaves_alone_a_pid_it_was_not_given() -> None:
+def test_guard_leaves_alone_a_pid_it_was_not_given() -> None:
     """A pid whose start time no longer matches (the process exited, the pid reused) is
     not signalled: the guard remembers (pid, start ticks)."""
     target = _sleeper()
@@ -110,7 +110,7 @@ def test_issue12_guard_leaves_alone_a_pid_it_was_not_given() -> None:
         target.wait(5)
 
 
-def test_issue12_pause_arms_the_guard_and_undoes_everything() -> None:
+def test_pause_arms_the_guard_and_undoes_everything() -> None:
     target = _sleeper()
     try:
         p = Pause(_Target(target), 1.0)
@@ -159,7 +159,7 @@ def _sut(tmp_path: Path, code: str):
     return sut
 
 
-def test_issue12_terminate_times_a_clean_exit(tmp_path: Path) -> None:
+def test_terminate_times_a_clean_exit(tmp_path: Path) -> None:
     sut = _sut(tmp_path, DRAINING)
     try:
         t = Terminate(sut, 0.0, drain_timeout_s=5.0, restart=False)
@@ -175,7 +175,7 @@ def test_issue12_terminate_times_a_clean_exit(tmp_path: Path) -> None:
         sut.stop()
 
 
-def test_issue12_terminate_kills_at_the_drain_timeout_and_records_the_exit_code(
+def test_terminate_kills_at_the_drain_timeout_and_records_the_exit_code(
     tmp_path: Path,
 ) -> None:
     sut = _sut(tmp_path, IGNORING)
@@ -200,7 +200,7 @@ def test_issue12_terminate_kills_at_the_drain_timeout_and_records_the_exit_code(
         sut.stop()
 
 
-def test_issue12_terminate_params_are_checked_before_the_run() -> None:
+def test_terminate_params_are_checked_before_the_run() -> None:
     from harness.sut import attach
 
     with pytest.raises(ConfigError, match="cannot restart it"):
@@ -209,7 +209,7 @@ def test_issue12_terminate_params_are_checked_before_the_run() -> None:
         Terminate.for_target(attach(os.getpid()), {"restart": False, "drain_timeout_s": 0})
 
 
-def test_issue12_terminate_evidence() -> None:
+def test_terminate_evidence() -> None:
     base = {"action": "terminate", "ok": True, "at_s": 10.0, "start_s": 10.0, "end_s": 12.0,
             "params": {"restart": True, "drain_timeout_s": 30.0, "duration_s": 0.0}}  # fmt: skip
     good = {"found": True, "ignored": False, "unready_s": 0.05, "exit_s": 0.3, "exit_code": 0,
@@ -227,7 +227,7 @@ def test_issue12_terminate_evidence() -> None:
     assert "no restarted process" in why
 
 
-def test_issue12_scenarios_parse_and_validate_terminate(tmp_path: Path) -> None:
+def test_scenarios_parse_and_validate_terminate(tmp_path: Path) -> None:
     for name in ("freeze", "crash_restart", "rolling_shutdown"):
         for mode in ("quick", "full"):
             sc = load_scenario(name, mode=mode)
@@ -247,7 +247,7 @@ def test_issue12_scenarios_parse_and_validate_terminate(tmp_path: Path) -> None:
 # -- bands ------------------------------------------------------------------------------
 
 
-def test_issue12_spans_and_bands_keep_event_edges_apart() -> None:
+def test_spans_and_bands_keep_event_edges_apart() -> None:
     before, during, after = spans(10.0005, 13.03, 30.0, span_s=5.0)
     assert (before.start_s, during.start_s, after.end_s) == pytest.approx((5.0005, 10.0005, 18.03))
     t = [float(i) for i in range(20)]
@@ -311,7 +311,7 @@ def _pause(start=10.0, end=13.0):
              "params": {"duration_s": end - start}, "detail": {}}]  # fmt: skip
 
 
-def test_issue12_freeze_recovery_passes_a_prompt_recovery_and_fails_a_stuck_one() -> None:
+def test_freeze_recovery_passes_a_prompt_recovery_and_fails_a_stuck_one() -> None:
     def stall(t):
         return 3000.0 if 10 <= t < 13 else 20.0
 
@@ -330,7 +330,7 @@ def test_issue12_freeze_recovery_passes_a_prompt_recovery_and_fails_a_stuck_one(
     assert none.passed is None and "no pause event" in none.skipped
 
 
-def test_issue12_freeze_unanswered_counts_lost_not_refused() -> None:
+def test_freeze_unanswered_counts_lost_not_refused() -> None:
     refused = _scenario(30, errors=lambda t: {"http_503": 50, "dropped": 20} if 10 <= t < 13
                         else {}, chaos=_pause())  # fmt: skip
     c = _run("freeze.unanswered", refused)
@@ -346,7 +346,7 @@ def test_issue12_freeze_unanswered_counts_lost_not_refused() -> None:
     assert c.passed is True and c.value == 0 and "6 failed at once" in c.detail
 
 
-def test_issue12_freeze_resource_step_sees_threads_left_behind() -> None:
+def test_freeze_resource_step_sees_threads_left_behind() -> None:
     t = [float(i) for i in range(40)]
 
     def series(threads_after: int) -> dict:
@@ -367,7 +367,7 @@ def _kill(start=12.0, ready=13.5):
                         "time_to_ready_s": ready - start - 0.1}}]  # fmt: skip
 
 
-def test_issue12_crash_checks_judge_the_restart() -> None:
+def test_crash_checks_judge_the_restart() -> None:
     def outage(t):
         return {"connection": 25} if 12 <= t < 13.5 else {}
 
@@ -400,7 +400,7 @@ def _terminate(**detail: Any):
              "detail": d}]  # fmt: skip
 
 
-def test_issue12_shutdown_checks() -> None:
+def test_shutdown_checks() -> None:
     stages = [{"name": "serving", "start_s": 0.0, "end_s": 12.0},
               {"name": "replaced", "start_s": 12.0, "end_s": 27.0}]  # fmt: skip
 
@@ -430,7 +430,7 @@ def test_issue12_shutdown_checks() -> None:
     assert _run("shutdown.lost", off).skipped
 
 
-def test_issue12_report_has_a_band_table_per_chaos_event() -> None:
+def test_report_has_a_band_table_per_chaos_event() -> None:
     from harness.report.html import _chaos_bands
 
     sc = _scenario(40, p99=lambda t: 3000.0 if 10 <= t < 13 else 20.0, chaos=_pause())
@@ -449,7 +449,7 @@ SLOW_DRAIN = textwrap.dedent(
 )
 
 
-def test_issue12_terminate_cut_short_by_the_run_ending_neither_kills_nor_restarts(
+def test_terminate_cut_short_by_the_run_ending_neither_kills_nor_restarts(
     tmp_path: Path,
 ) -> None:
     """The run ends (revert from another thread) while the server still drains: the

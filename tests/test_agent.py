@@ -85,7 +85,7 @@ def _until(cond, timeout: float = 5.0) -> bool:
 # -- access ----------------------------------------------------------------------------
 
 
-def test_issue13_agent_token_refused(agent, server_proc) -> None:
+def test_agent_token_refused(agent, server_proc) -> None:
     with pytest.raises(AgentRefused, match="refused the token"):
         AgentClient(agent.url, "wrong").call("GET", "info")
     with pytest.raises(ConfigError, match="--agent-token"):
@@ -101,7 +101,7 @@ def test_issue13_agent_token_refused(agent, server_proc) -> None:
     assert AgentClient(agent.url, TOKEN).call("GET", "info")["host"]
 
 
-def test_issue13_agent_refuses_to_start_without_token(tmp_path) -> None:
+def test_agent_refuses_to_start_without_token(tmp_path) -> None:
     with pytest.raises(ConfigError, match="HARNESS_AGENT_TOKEN"):
         AgentConfig(token="").validate()
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_AGENT_TOKEN"}
@@ -116,7 +116,7 @@ def test_issue13_agent_refuses_to_start_without_token(tmp_path) -> None:
     assert r.stderr.count("\n") == 1 and "--token" in r.stderr
 
 
-def test_issue13_agent_unreachable_or_wrong_pid_is_exit_2(agent) -> None:
+def test_agent_unreachable_or_wrong_pid_is_exit_2(agent) -> None:
     with pytest.raises(ConfigError, match="unreachable") as e:
         connect_sut("http://127.0.0.1:9", TOKEN, 123)
     assert e.value.exit_code == 2
@@ -126,7 +126,7 @@ def test_issue13_agent_unreachable_or_wrong_pid_is_exit_2(agent) -> None:
         connect_sut(agent.url, TOKEN, None)
 
 
-def test_issue13_agent_allow_list(tmp_path, server_proc) -> None:
+def test_agent_allow_list(tmp_path, server_proc) -> None:
     running, stop = _start(tmp_path, allow=("pause",))
     try:
         events = [_event("cpu_hog", 5.0, cores=1)]
@@ -155,7 +155,7 @@ def test_issue13_agent_allow_list(tmp_path, server_proc) -> None:
 # -- chaos through the agent ---------------------------------------------------------
 
 
-def test_issue13_agent_timeline_pause_records_evidence(agent, server_proc) -> None:
+def test_agent_timeline_pause_records_evidence(agent, server_proc) -> None:
     """The timeline runs the agent's pause like a local one: the record carries what the
     agent's kernel showed (pids stopped, then continued)."""
     sut = connect_sut(agent.url, TOKEN, server_proc.pid, [_event("pause", 0.3)])
@@ -172,7 +172,7 @@ def test_issue13_agent_timeline_pause_records_evidence(agent, server_proc) -> No
     assert proc_state(server_proc.pid) not in ("T", "t")
 
 
-def test_issue13_agent_lease_expiry_reverts_pause_and_hog(tmp_path, server_proc) -> None:
+def test_agent_lease_expiry_reverts_pause_and_hog(tmp_path, server_proc) -> None:
     """The master goes quiet (no heartbeat, no request): after the lease the agent itself
     continues the paused server and kills the hog — and not before."""
     running, stop = _start(tmp_path, lease_s=0.6)
@@ -212,7 +212,7 @@ def test_issue13_agent_lease_expiry_reverts_pause_and_hog(tmp_path, server_proc)
         stop()
 
 
-def test_issue13_agent_exit_reverts(tmp_path, server_proc) -> None:
+def test_agent_exit_reverts(tmp_path, server_proc) -> None:
     running, stop = _start(tmp_path)
     client = AgentClient(running.url, TOKEN)
     client.call(
@@ -223,7 +223,7 @@ def test_issue13_agent_exit_reverts(tmp_path, server_proc) -> None:
     assert proc_state(server_proc.pid) not in ("T", "t")
 
 
-def test_issue13_agent_sigterm_reverts(tmp_path, server_proc) -> None:
+def test_agent_sigterm_reverts(tmp_path, server_proc) -> None:
     """The real `harness agent` process: SIGTERM while a pause is applied continues it."""
     port = _free_port()
     env = {**os.environ, "HARNESS_AGENT_TOKEN": TOKEN}
@@ -260,7 +260,7 @@ def _free_port() -> int:
 # -- clocks and samples --------------------------------------------------------------
 
 
-def test_issue13_agent_clock_offset_math() -> None:
+def test_agent_clock_offset_math() -> None:
     # agent 2.5 s ahead; the reply left the agent halfway through a 40 ms round trip
     probes = [(100.0, 102.52, 100.04), (200.0, 202.51, 200.02), (300.0, 302.6, 300.2)]
     offset, rtt = clock_offset(probes)
@@ -273,13 +273,13 @@ def test_issue13_agent_clock_offset_math() -> None:
     assert meta["clock_offset_s"] == offset and meta["x"] == 1
 
 
-def test_issue13_agent_live_clock(agent) -> None:
+def test_agent_live_clock(agent) -> None:
     """Against a live agent on this host the offset is within half a round trip of 0."""
     _, offset, rtt = AgentClient(agent.url, TOKEN).measure_clock()
     assert abs(offset) <= rtt / 2 + 1e-3
 
 
-def test_issue13_agent_samples_copied_back(agent, server_proc, tmp_path) -> None:
+def test_agent_samples_copied_back(agent, server_proc, tmp_path) -> None:
     """The agent's sampler files land in the run's samples/ (incrementally, then in
     full) and read_samples reads them like a local sampler's; the generator's column is
     blank (the generator is not on the agent's host)."""
@@ -314,7 +314,7 @@ def test_issue13_agent_samples_copied_back(agent, server_proc, tmp_path) -> None
 # -- the master's wiring ---------------------------------------------------------------
 
 
-def test_issue13_agent_options_and_token_stay_home(tmp_path) -> None:
+def test_agent_options_and_token_stay_home(tmp_path) -> None:
     """--agent takes --sut-pid (its pid there) and refuses --sut-cmd; the token never
     travels to workers nor onto a command line."""
     import argparse
@@ -367,7 +367,7 @@ def test_issue13_agent_options_and_token_stay_home(tmp_path) -> None:
     assert TOKEN not in json.dumps(t.describe()) and TOKEN not in repr(t)
 
 
-def test_issue13_agent_cli_checks_before_load(agent, server_proc, tmp_path) -> None:
+def test_agent_cli_checks_before_load(agent, server_proc, tmp_path) -> None:
     """`harness run --agent`: a wrong token or a pid not on the agent's host is exit 2 in
     seconds, one line naming the fix, before any server or Locust starts."""
     base = [
@@ -402,7 +402,7 @@ def test_issue13_agent_cli_checks_before_load(agent, server_proc, tmp_path) -> N
     assert r.returncode == 2 and "--sut-pid" in r.stderr
 
 
-def test_issue13_agent_side_tasks(agent, server_proc, tmp_path) -> None:
+def test_agent_side_tasks(agent, server_proc, tmp_path) -> None:
     """The master's side tasks with the server on an agent's host: the timeline's pause
     went through the agent (ok, with its evidence) and the agent's samples come back as
     the run's server series — nothing skipped for lack of a local pid."""
@@ -437,7 +437,7 @@ def test_issue13_agent_side_tasks(agent, server_proc, tmp_path) -> None:
     assert sut.agent_doc["clock_offset_s"] is not None
 
 
-def test_issue13_agent_kill_needs_restart_false(agent, server_proc) -> None:
+def test_agent_kill_needs_restart_false(agent, server_proc) -> None:
     """The agent runs no server of its own: kill with restart is refused before load
     (exit 2, naming restart = false); without restart the kill lands, with its evidence."""
     with pytest.raises(ConfigError, match="restart = false"):
@@ -454,7 +454,7 @@ def test_issue13_agent_kill_needs_restart_false(agent, server_proc) -> None:
     assert server_proc.wait(5) is not None
 
 
-def test_issue13_agent_loadgen_merge_aligns_by_wall_clock(tmp_path) -> None:
+def test_agent_loadgen_merge_aligns_by_wall_clock(tmp_path) -> None:
     """The master's generator CPU lands on the agent's ticks by wall-clock time, the
     agent's times moved by the offset; a tick with no local figure near it stays empty."""
     from harness.agent.loadgen import merge
@@ -489,7 +489,7 @@ def test_issue13_agent_loadgen_merge_aligns_by_wall_clock(tmp_path) -> None:
 # -- a server the agent started -----------------------------------------------------------
 
 
-def test_issue13_agent_without_a_server_of_its_own_needs_a_pid(agent) -> None:
+def test_agent_without_a_server_of_its_own_needs_a_pid(agent) -> None:
     from harness.agent.client import agent_facts
 
     with pytest.raises(ConfigError, match="no server of its own"):
@@ -497,7 +497,7 @@ def test_issue13_agent_without_a_server_of_its_own_needs_a_pid(agent) -> None:
 
 
 @pytest.mark.slow
-def test_issue13_agent_restarts_the_server_it_started(tmp_path) -> None:
+def test_agent_restarts_the_server_it_started(tmp_path) -> None:
     """harness agent --sut-cmd: the master finds the server without a pid, kill chaos
     restarts it on the agent's host, the agent's sampler follows the new pid, the
     master's handle follows it too, and the agent stops the server when it exits."""
@@ -555,7 +555,7 @@ def test_issue13_agent_restarts_the_server_it_started(tmp_path) -> None:
     assert not psutil.pid_exists(second) or proc_state(second) in ("Z", None)
 
 
-def test_issue13_agent_a_revert_under_way_is_waited_for_not_missed(tmp_path, server_proc) -> None:
+def test_agent_a_revert_under_way_is_waited_for_not_missed(tmp_path, server_proc) -> None:
     """The lease reverts an action while the master asks for the same revert: the master
     gets the detail once the revert is done (it used to get 404 in between)."""
     from harness.chaos.base import Action

@@ -271,7 +271,7 @@ def _netns_of(pid: int) -> str:
 
 
 @pytest.mark.parametrize("scenario", ["soak", "contention"])
-def test_issue13_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Path) -> None:
+def test_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Path) -> None:
     two = _run(hosts, hosts.load_ns, scenario, tmp_path / "two-hosts", agent=True)
     sc2 = two["sc"]
     tail = two["output"][-3000:]

@@ -179,7 +179,7 @@ def _samplers(out: Path) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_issue12_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
+def test_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
     tmp_path: Path,
 ) -> None:
     """A server the harness attached to (not its own): resumed by the pause's undo guard
@@ -218,7 +218,7 @@ def test_issue12_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
 
 
 @pytest.mark.slow
-def test_issue12_sigkill_of_locust_mid_freeze_stops_the_server_it_started(
+def test_sigkill_of_locust_mid_freeze_stops_the_server_it_started(
     tmp_path: Path,
 ) -> None:
     """A server the harness started (--sut-cmd): resumed, then stopped by its own guard —

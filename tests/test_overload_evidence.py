@@ -5,7 +5,7 @@ the hog intervals that really ran. Item 5: recovery needs both p99 and the error
 back in band, and is "not exercised" (skipped) when the event disturbed neither.
 Item 10: fail-fast's timing bound is a sound upper bound over the judged window.
 
-Each ``test_issue9_*`` reproduces a false PASS (or a misleading verdict) of the old code
+Each test here reproduces a false PASS (or a misleading verdict) of the old code
 on a synthetic scenario result; the new analysis APIs are imported inside the tests so
 this file still imports against the old code.
 """
@@ -75,7 +75,7 @@ def failed_hog() -> dict[str, Any]:
 # --- item 2: the chaos never happened ---------------------------------------------------
 
 
-def test_issue9_a_hog_that_failed_makes_the_run_invalid_not_a_pass() -> None:
+def test_a_hog_that_failed_makes_the_run_invalid_not_a_pass() -> None:
     sc = contention_run([failed_hog()])
     # old code: ratio 1.0 >= 0.4 passed and recovery passed with 0 s, run valid
     reasons = validity(sc)
@@ -86,7 +86,7 @@ def test_issue9_a_hog_that_failed_makes_the_run_invalid_not_a_pass() -> None:
     assert judge_scenario(sc)["verdict"] == "invalid"
 
 
-def test_issue9_a_hog_skipped_for_want_of_a_sut_makes_the_run_invalid() -> None:
+def test_a_hog_skipped_for_want_of_a_sut_makes_the_run_invalid() -> None:
     # what the controller records when there is no SUT process to act on
     rec = {
         "action": "cpu_hog",
@@ -100,7 +100,7 @@ def test_issue9_a_hog_skipped_for_want_of_a_sut_makes_the_run_invalid() -> None:
     assert len(reasons) == 1 and "no SUT process to act on" in reasons[0], reasons
 
 
-def test_issue9_a_hog_block_without_any_record_makes_the_run_invalid() -> None:
+def test_a_hog_block_without_any_record_makes_the_run_invalid() -> None:
     reasons = validity(contention_run([]))
     assert any("hog block 'hog_1'" in r and "no cpu_hog record" in r for r in reasons), reasons
     # a block the run never reached (it ended first) is not asked for
@@ -109,7 +109,7 @@ def test_issue9_a_hog_block_without_any_record_makes_the_run_invalid() -> None:
     assert not any("hog_1" in r for r in validity(sc))
 
 
-def test_issue9_a_hog_that_got_no_cpu_is_not_evidence() -> None:
+def test_a_hog_that_got_no_cpu_is_not_evidence() -> None:
     starved = hog_record(20.0, 40.0)
     starved["detail"]["hog_cpu_s"] = [0.4]  # 2 % of 20 s x 1 core
     reasons = validity(contention_run([starved]))
@@ -120,7 +120,7 @@ def test_issue9_a_hog_that_got_no_cpu_is_not_evidence() -> None:
     assert validity(contention_run([hog_record(20.0, 40.0)])) == []
 
 
-def test_issue9_hogs_on_the_wrong_cores_or_too_few_are_not_evidence() -> None:
+def test_hogs_on_the_wrong_cores_or_too_few_are_not_evidence() -> None:
     few = hog_record(20.0, 40.0, cores=2)
     few["detail"]["pids"] = [901]
     assert any("1 hog process(es) for 2 core(s)" in r for r in validity(contention_run([few])))
@@ -132,7 +132,7 @@ def test_issue9_hogs_on_the_wrong_cores_or_too_few_are_not_evidence() -> None:
     assert any("affinity" in r for r in validity(contention_run([unpinned])))
 
 
-def test_issue9_contention_judges_the_hog_interval_that_ran_not_the_plan() -> None:
+def test_contention_judges_the_hog_interval_that_ran_not_the_plan() -> None:
     # The hog died 8 s into its 20 s block: throughput fell only while it ran.
     rows = [row(t, 10.0 if not 20 <= t < 28 else 40.0, ok=30 if 20 <= t < 28 else 100)
             for t in range(60)]  # fmt: skip
@@ -145,7 +145,7 @@ def test_issue9_contention_judges_the_hog_interval_that_ran_not_the_plan() -> No
     assert any("ran 20–28 s, not within 1 s of its plan 20–40 s" in r for r in validity(sc))
 
 
-def test_issue9_a_pause_the_kernel_never_showed_is_not_evidence() -> None:
+def test_a_pause_the_kernel_never_showed_is_not_evidence() -> None:
     def pause(**detail: Any) -> dict[str, Any]:
         return {
             "action": "pause",
@@ -170,7 +170,7 @@ def test_issue9_a_pause_the_kernel_never_showed_is_not_evidence() -> None:
     )
 
 
-def test_issue9_a_kill_that_found_no_process_is_not_evidence() -> None:
+def test_a_kill_that_found_no_process_is_not_evidence() -> None:
     rec = {
         "action": "kill",
         "params": {"restart": True, "signal": "SIGKILL", "duration_s": 0.0},
@@ -190,7 +190,7 @@ def test_issue9_a_kill_that_found_no_process_is_not_evidence() -> None:
     assert validity(spike_result(33, chaos=[rec])) == []
 
 
-def test_issue9_pause_and_kill_record_what_the_kernel_showed() -> None:
+def test_pause_and_kill_record_what_the_kernel_showed() -> None:
     from harness.chaos import KillRestart, Pause
     from harness.sut import attach
 
@@ -222,7 +222,7 @@ def test_issue9_pause_and_kill_record_what_the_kernel_showed() -> None:
 
 
 @pytest.mark.slow
-def test_issue9_a_real_hog_records_its_cpu_and_affinity() -> None:
+def test_a_real_hog_records_its_cpu_and_affinity() -> None:
     from harness.analysis.chaos_evidence import MIN_HOG_CPU_FRACTION
     from harness.chaos import CpuHog
 
@@ -241,7 +241,7 @@ def test_issue9_a_real_hog_records_its_cpu_and_affinity() -> None:
 # --- item 5: recovery was never exercised ------------------------------------------------
 
 
-def test_issue9_recovery_that_was_never_exercised_is_skipped() -> None:
+def test_recovery_that_was_never_exercised_is_skipped() -> None:
     # the spike left p99 and the error rate inside their bands: old code passed with 0 s
     skipped(run("spike.recovery_s", spike_result(20)), "not exercised")
     # the same for hogs that did not disturb the server (a valid hog, a strong server)
@@ -249,7 +249,7 @@ def test_issue9_recovery_that_was_never_exercised_is_skipped() -> None:
     skipped(c, "not exercised", "CPU hogs")
 
 
-def test_issue9_fast_503s_after_the_spike_are_not_recovery() -> None:
+def test_fast_503s_after_the_spike_are_not_recovery() -> None:
     # p99 is back at once, but the server keeps refusing 60 % of requests with fast 503s
     sc = spike_result(30)
     for r in sc["windows"]["rows"]:
@@ -268,7 +268,7 @@ def test_issue9_fast_503s_after_the_spike_are_not_recovery() -> None:
     assert c.value == pytest.approx(8.0, abs=1.01)
 
 
-def test_issue9_a_spike_that_only_raised_errors_was_exercised() -> None:
+def test_a_spike_that_only_raised_errors_was_exercised() -> None:
     sc = spike_result(20)  # p99 never left the band ...
     for r in sc["windows"]["rows"]:
         if 20 <= r["t"] < 30:
@@ -278,7 +278,7 @@ def test_issue9_a_spike_that_only_raised_errors_was_exercised() -> None:
     assert c.value <= 1.0 and "peak p99" in c.detail
 
 
-def test_issue9_error_band_has_a_floor_and_tracks_the_baseline() -> None:
+def test_error_band_has_a_floor_and_tracks_the_baseline() -> None:
     from harness.analysis.recovery import baseline_error_rate, error_rate_band, error_rates
 
     assert error_rate_band(0.0) == pytest.approx(0.01)  # healthy: no errors + 1 %
@@ -290,7 +290,7 @@ def test_issue9_error_band_has_a_floor_and_tracks_the_baseline() -> None:
     )
 
 
-def test_issue9_recovery_time_needs_both_series_in_band() -> None:
+def test_recovery_time_needs_both_series_in_band() -> None:
     from harness.analysis.recovery import recovery_time
 
     t = [float(i) for i in range(20)]
@@ -330,7 +330,7 @@ def fail_fast_spike(window_errors: dict[str, int], failure_times_us: list[float]
     return sc
 
 
-def test_issue9_fail_fast_is_not_passed_by_fast_failures_of_another_kind() -> None:
+def test_fail_fast_is_not_passed_by_fast_failures_of_another_kind() -> None:
     # 150 503s that each waited 3 s in a queue; 300 instant 500s elsewhere in the run.
     # Old code: the 75th fastest failure (1 ms) "bounds" the 503 median -> pass.
     sc = fail_fast_spike({"http_503": 10}, [3_000_000] * 150 + [1000] * 300)
@@ -340,7 +340,7 @@ def test_issue9_fail_fast_is_not_passed_by_fast_failures_of_another_kind() -> No
     skipped(c, "cannot be shown quick", "between 1 and 3,000 ms")
 
 
-def test_issue9_fail_fast_judges_the_window_not_the_whole_run() -> None:
+def test_fail_fast_judges_the_window_not_the_whole_run() -> None:
     # The spike's 150 503s were slow (3 s); 1000 quick 503s came at another time.
     # Old code used the whole run's 1150 503s: rank 575 of the histogram = 2 ms -> pass.
     sc = fail_fast_spike({"http_503": 10}, [3_000_000] * 150 + [2000] * 1000)
@@ -350,7 +350,7 @@ def test_issue9_fail_fast_judges_the_window_not_the_whole_run() -> None:
     assert c.n == 150  # the window's failures, not the run's
 
 
-def test_issue9_fail_fast_still_passes_and_fails_when_the_histogram_can_tell() -> None:
+def test_fail_fast_still_passes_and_fails_when_the_histogram_can_tell() -> None:
     # quick 503s with a few timeouts: the upper bound is a 503 time -> a sound pass
     sc = fail_fast_spike({"http_503": 20, "timeout": 1}, [2000] * 300 + [5_000_000] * 15)
     c = run("spike.fail_fast", sc)
@@ -363,13 +363,13 @@ def test_issue9_fail_fast_still_passes_and_fails_when_the_histogram_can_tell() -
     assert "> 1,000 ms" in c.detail
 
 
-def test_issue9_fail_fast_without_a_failure_histogram_is_not_a_pass() -> None:
+def test_fail_fast_without_a_failure_histogram_is_not_a_pass() -> None:
     sc = fail_fast_spike({"http_503": 20}, [])
     sc["error_latency_hdr"] = None
     skipped(run("spike.fail_fast", sc), "no failure-time histogram")
 
 
-def test_issue9_upper_bound_inequality_holds_for_every_split() -> None:
+def test_upper_bound_inequality_holds_for_every_split() -> None:
     """m <= x_(N - floor(q/2)) and x_(ceil(q/2)) <= m, whichever q of N failures are the
     rejections (exhaustive over small cases, exact values)."""
     import itertools

@@ -23,7 +23,7 @@ import pytest
 
 from tests.locust_helpers import REPO, SCENARIOS, run_locust, scenario_result, stop
 from tests.server_fixtures import free_port
-from tests.test_issue13_deployment import make_certs, needs_openssl
+from tests.test_remote_deployment_options import make_certs, needs_openssl
 
 pytestmark = [pytest.mark.slow, needs_openssl]
 
@@ -95,7 +95,7 @@ def _no_secret_in(out: Path, *texts: str) -> None:
         assert secret not in text
 
 
-def test_issue13_https_run_with_ca_cert_and_auth_header(tls_server, tmp_path) -> None:
+def test_https_run_with_ca_cert_and_auth_header(tls_server, tmp_path) -> None:
     run = run_locust(
         "--host", tls_server["url"],
         "--ca-cert", str(tls_server["ca"]),
@@ -115,7 +115,7 @@ def test_issue13_https_run_with_ca_cert_and_auth_header(tls_server, tmp_path) ->
     _no_secret_in(tmp_path, run.stdout)
 
 
-def test_issue13_https_without_ca_cert_is_refused_before_load(tls_server, tmp_path) -> None:
+def test_https_without_ca_cert_is_refused_before_load(tls_server, tmp_path) -> None:
     """The server's certificate does not verify against the system CAs: exit 2 in one line
     naming --ca-cert, before any load (no request was counted)."""
     run = run_locust(
@@ -136,7 +136,7 @@ def test_issue13_https_without_ca_cert_is_refused_before_load(tls_server, tmp_pa
     _no_secret_in(tmp_path, run.stdout)
 
 
-def test_issue13_https_insecure_with_header_from_the_environment(tls_server, tmp_path) -> None:
+def test_https_insecure_with_header_from_the_environment(tls_server, tmp_path) -> None:
     env_before = os.environ.get("HARNESS_HEADER")
     os.environ["HARNESS_HEADER"] = json.dumps([f"Authorization: {TOKEN}"])
     try:

@@ -92,7 +92,7 @@ def _checks(doc: dict[str, Any]) -> dict[str, bool | None]:
     return {c["id"]: c["passed"] for sc in doc["scenarios"] for c in sc["checks"]}
 
 
-def test_issue13_kserve_metadata_and_integrity(kserve: tuple[str, int], tmp_path: Path) -> None:
+def test_kserve_metadata_and_integrity(kserve: tuple[str, int], tmp_path: Path) -> None:
     """Its metadata gives the input (FP32 [-1, 64]); every answer matches the golden
     outputs fetched before the load; PASS."""
     url, pid = kserve
@@ -103,7 +103,7 @@ def test_issue13_kserve_metadata_and_integrity(kserve: tuple[str, int], tmp_path
     assert doc["sut"]["model"] == MODEL
 
 
-def test_issue13_kserve_steady_state(kserve: tuple[str, int], tmp_path: Path) -> None:
+def test_kserve_steady_state(kserve: tuple[str, int], tmp_path: Path) -> None:
     """At 0.6x of its probed capacity: p99, errors and throughput hold; PASS."""
     url, pid = kserve
     code, doc = _run("steady_state", url, pid, tmp_path, "--duration", "15")
@@ -112,7 +112,7 @@ def test_issue13_kserve_steady_state(kserve: tuple[str, int], tmp_path: Path) ->
     assert checks["steady.p99_ms"] is True and checks["steady.error_rate"] is True
 
 
-def test_issue13_kserve_spike(kserve: tuple[str, int], tmp_path: Path) -> None:
+def test_kserve_spike(kserve: tuple[str, int], tmp_path: Path) -> None:
     """KServe's server has no queue bound and never sheds: under a spike past capacity it
     queues every request, so nothing fails fast — the pinned finding (docs/servers.md)."""
     url, pid = kserve
