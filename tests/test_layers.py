@@ -25,6 +25,8 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
     # the results owner computes the derived numbers it stores (window percentiles, the
     # USL fit) with the pure analysis functions; the load side reaches them only through it
     ("harness.results", frozenset({"harness", "harness.errors", "harness.analysis"})),
+    # the wire protocols: pure codecs of what is said to a server, below every layer
+    ("harness.protocols", frozenset({"harness.errors"})),
     ("harness.sut", frozenset({"harness.errors"})),
     ("harness.collectors", frozenset({"harness.errors"})),
     ("harness.chaos", frozenset({"harness.errors", "harness.sut", "harness.collectors"})),
@@ -91,7 +93,7 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
 # except the top-level modules of harness, which are their own layer).
 _TOP_MODULES = {"errors", "results", "sut", "finish", "acceptance", "cli", "__main__"}
 # below every layer: any module may import them
-_BASE = {"harness.primitives"}
+_BASE = {"harness.primitives", "harness.protocols"}
 
 
 def _layer(name: str) -> str:
