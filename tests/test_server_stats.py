@@ -209,7 +209,8 @@ def triton_doc(
 def test_stats_split_from_counter_differences() -> None:
     """Means per request from the differences between two reads, versions of the model
     summed, other models ignored; a counter that went backwards (restart) gives nothing."""
-    from harness.load.server_stats import counters_of, stage_split
+    from harness.load.server_stats import stage_split
+    from harness.protocols.kserve_v2 import counters_of
 
     start = counters_of({"model_stats": [triton_doc(ok=10, queue_ns=10**6, executions=10)]}, "m")
     end_doc = {
@@ -240,8 +241,8 @@ class FakeServer:
         self.answers = answers
         self.calls = 0
 
-    def read(self, url: str, model: str) -> tuple[Any, str | None]:
-        from harness.load.server_stats import counters_of
+    def read(self, url: str, model: str, protocol: Any = None) -> tuple[Any, str | None]:
+        from harness.protocols.kserve_v2 import counters_of
 
         doc = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
@@ -327,10 +328,12 @@ def test_stats_absent_when_server_does_not_offer_them(
 
     calls = []
     monkeypatch.setattr(
-        server_stats, "read", lambda url, model: calls.append(url) or (None, "HTTP 404")
+        server_stats, "read", lambda url, model, _p: calls.append(url) or (None, "HTTP 404")
     )
     tasks = SideTasks()
-    prep = SimpleNamespace(base_url="http://127.0.0.1:9", model="m")
+    from harness import protocols
+
+    prep = SimpleNamespace(base_url="http://127.0.0.1:9", model="m", protocol=protocols.default())
     sc = SimpleNamespace(stages=stages_ab())
     assert server_stats.start(tasks, prep, sc, lambda: 0.0, lambda: True) is None  # type: ignore[arg-type]
     assert calls == ["http://127.0.0.1:9/v2/models/m/stats"] and tasks.greenlets == []

@@ -199,6 +199,7 @@ class HarnessState:
             capacity_rps=prep.capacity_rps,
             inputs=prep.inputs,
             golden=integrity.golden_to_wire(prep.golden) if prep.golden is not None else None,
+            protocol=self.opts.protocol,
         )
         runner = self.env.runner
         if isinstance(runner, MasterRunner):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from harness import protocols
 from harness.errors import ConfigError
 from harness.load.scenario import Scenario, load_scenario
 
@@ -46,6 +47,7 @@ class Options:
     golden_cache: str | None = None  # --golden-cache FILE: golden outputs kept per server
     # check ids / scenario names accepted unjudged or not run (--allow-skip)
     allow_skip: tuple[str, ...] = ()
+    protocol: str = protocols.DEFAULT  # --protocol: what is said to the server
 
     def to_wire(self) -> dict[str, Any]:
         """A plain dict for the master's plan message (harness.load.wire)."""
@@ -105,7 +107,13 @@ def add_options(parser: Any) -> None:
         "--model",
         default=None,
         env_var="HARNESS_MODEL",
-        help="model name on the server (default: the one GET /v2 names)",
+        help="model name on the server (default: the one the server's metadata names)",
+    )
+    g.add_argument(
+        "--protocol",
+        default=protocols.DEFAULT,
+        env_var="HARNESS_PROTOCOL",
+        help=f"wire protocol (default {protocols.DEFAULT}): {', '.join(protocols.names())} or MODULE:ATTRIBUTE",
     )
     g.add_argument(
         "--sut-pid",
@@ -312,7 +320,7 @@ _NUMERIC: Mapping[str, tuple[type, str]] = {
     "ready_timeout": (float, "ready-timeout"),
     "duration": (float, "duration"),
 }
-_TEXT = ("model", "sut_cmd", "sut_cores", "sample_request", "checklist", "agent_url")
+_TEXT = ("model", "sut_cmd", "sut_cores", "sample_request", "checklist", "agent_url", "protocol")
 
 USERS_REFUSED = (
     "{flag} {value} does not apply: the scenario sets users and rates stage by stage "
@@ -390,6 +398,8 @@ def options_from(parsed: Any, form: bool = False) -> Options:
     if isinstance(inputs, str):  # from the environment variable: comma-free, space-separated
         inputs = inputs.split()
     deployment = deployment_options(parsed)
+    protocol = parsed.protocol or protocols.DEFAULT
+    protocols.get(protocol)  # unknown: a ConfigError naming the valid ones
     return Options(
         scenario=parsed.scenario,
         mode=parsed.mode or "quick",
@@ -415,6 +425,7 @@ def options_from(parsed: Any, form: bool = False) -> Options:
         ),
         duration_s=duration,
         checklist=parsed.checklist,
+        protocol=protocol,
         **deployment,
         agent_url=agent_url,
         agent_token=getattr(parsed, "agent_token", None) or None,

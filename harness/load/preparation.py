@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness import protocols
 from harness.errors import ConfigError, TargetUnavailable
 from harness.load import calibrate, http, payloads, target
 from harness.load.integrity import Golden
@@ -35,12 +36,14 @@ class Preparation:
         self.scenario = scenario  # with_cores() applied once the server's cores are known
         self.host = host
         self.sut = sut
+        # what is said to the server (--protocol): endpoints, request bodies, answers
+        self.protocol = protocols.get(opts.protocol)
         # learned on the way (None / defaults until then)
         self.time_to_ready_s: float | None = None
         self.sut_cores_n = 1
         self.base_url: str | None = None
         self.model: str | None = None
-        self.inputs: list[list[dict[str, Any]]] = []
+        self.inputs: list[Any] = []  # the pool's inputs, as the protocol builds them
         self.golden: Golden | None = None
         self.golden_summary: dict[str, Any] | None = None
         self.capacity_rps: float | None = None
@@ -69,9 +72,10 @@ class Preparation:
         # headers and TLS for every request from here on (a TLS failure: exit 2)
         http.configure(http.client_for(base, self.opts))
         self._check_ready(base)
-        server_meta = target.json_or_none(base + "/v2")
+        meta_path = self.protocol.server_metadata_path()
+        server_meta = target.json_or_none(base + meta_path) if meta_path is not None else None
         model = self.model = self._model(base, server_meta)
-        meta = payloads.model_metadata(base, model)
+        meta = payloads.model_metadata(base, model, protocol=self.protocol)
         pool, max_batch = self._payloads(base, model, meta)
         load = self.scenario.load
         host, port, _ = http.split_url(base)
@@ -156,21 +160,25 @@ class Preparation:
                 f"got --sut-cmd {o.sut_cmd!r}"
             )
 
-    @staticmethod
-    def _check_ready(base: str) -> None:
-        status, _ = target.get(base + "/v2/health/ready")
+    def _check_ready(self, base: str) -> None:
+        ready_url = base + self.protocol.ready_path
+        status, _ = target.get(ready_url)
         if status != 200:
             raise TargetUnavailable(
-                f"{base}/v2/health/ready answered {status or 'nothing'}; start the server "
+                f"{ready_url} answered {status or 'nothing'}; start the server "
                 f"or point --host at it"
             )
 
     def _model(self, base: str, server_meta: dict[str, Any] | None) -> str:
-        model = self.opts.model or (server_meta or {}).get("model")
+        model = self.opts.model or self.protocol.default_model(server_meta)
         if not model:
-            raise ConfigError(
-                f"--model is not set and GET {base}/v2 names no model; pass --model NAME"
+            meta_path = self.protocol.server_metadata_path()
+            where = (
+                f"GET {base}{meta_path} names no model"
+                if meta_path is not None
+                else f"the {self.protocol.name} protocol names no default model"
             )
+            raise ConfigError(f"--model is not set and {where}; pass --model NAME")
         return str(model)
 
     def _payloads(
@@ -179,16 +187,17 @@ class Preparation:
         """The request inputs every process sends (kept for the plan) and a pool of them."""
         o = self.opts
         load = self.scenario.load
-        specs, first = payloads.resolve_specs(meta, model, o.inputs, o.sample_request)
-        max_batch = int((meta.get("parameters") or {}).get("max_batch_size") or 32)
+        proto = self.protocol
+        template = proto.resolve_inputs(meta, model, o.inputs, o.sample_request)
+        max_batch = proto.max_batch(meta)
         pool_size = load.pool_size or max(64, 4 * max_batch)
-        self.inputs = payloads.generate_inputs(specs, pool_size, load.seed, first)
+        self.inputs = proto.generate_inputs(template, pool_size, load.seed)
         host, port, prefix = http.split_url(base)
         classes = [
             payloads.ClassParams(c.name, c.priority, c.timeout_us) for c in self.scenario.classes
         ]
         pool = payloads.PayloadPool(
-            host, port, f"{prefix}/v2/models/{model}/infer", self.inputs, classes
+            host, port, prefix + proto.infer_path(model), self.inputs, classes, proto
         )
         return pool, max_batch
 

@@ -1,14 +1,15 @@
-"""The server's own time split per stage, from Triton's statistics extension.
+"""The server's own time split per stage, from its statistics endpoint.
 
-A server that offers ``GET /v2/models/{m}/stats`` (Triton, the reference server) keeps
+A server whose protocol has a statistics endpoint (``harness.protocols``: for KServe V2,
+Triton's statistics extension, which the reference server offers too) keeps
 cumulative per-model counters: requests that succeeded or failed, their time queued
 and computing, model executions and the inferences (rows) they carried. Read at the
 start and at the end of every stage on the scenario's clock, the differences give what
 perf_analyzer prints per measurement: requests, executions, the average batch, and the
 mean queue and compute time per request — where the latency went on the server's side.
 
-One GET when the run is prepared decides whether the server offers it (200 with
-``model_stats``); without it nothing is read and the scenario result has no
+One GET when the run is prepared decides whether the server offers it (200 with the
+model's counters); without it nothing is read and the scenario result has no
 ``server_stats``. During the run every read is one GET through the load client
 (``harness.load.http``: the run's ``--header`` values and TLS apply), never retried: a
 read that fails leaves the stages at its edge out, with the reason.
@@ -21,12 +22,13 @@ edges (and by anyone else's traffic).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
+from harness import protocols
 from harness.errors import HarnessError
 from harness.load import http
+from harness.protocols import Counters, WireProtocol
 from harness.results.records import ServerStats, ServerStatsStage
 
 if TYPE_CHECKING:
@@ -36,46 +38,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("harness.load")
 
-SOURCE = "v2-statistics"
 READ_TIMEOUT_S = 2.0  # a paused or hung server must not hold the next stage edge's read
-DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
-
-Counters = dict[str, int]
 
 
-def stats_url(base: str, model: str) -> str:
-    return f"{base.rstrip('/')}/v2/models/{quote(model, safe='')}/stats"
+def stats_url(base: str, model: str, protocol: WireProtocol | None = None) -> str | None:
+    """The statistics endpoint of ``model`` (None: the protocol has none)."""
+    path = (protocol if protocol is not None else protocols.default()).stats_path(model)
+    return None if path is None else f"{base.rstrip('/')}{path}"
 
 
-def counters_of(doc: Any, model: str) -> Counters | None:
-    """The model's cumulative counters from a stats answer (every version of it summed),
-    or None when the answer is not Triton's statistics for that model."""
-    entries = doc.get("model_stats") if isinstance(doc, Mapping) else None
-    if not isinstance(entries, list):
-        return None
-    mine = [e for e in entries if isinstance(e, Mapping) and e.get("name") == model]
-    if not mine:
-        return None
-    out: Counters = {"inference_count": 0, "execution_count": 0}
-    for key in DURATIONS:
-        out[f"{key}_count"] = out[f"{key}_ns"] = 0
-    try:
-        for e in mine:
-            out["inference_count"] += int(e.get("inference_count") or 0)
-            out["execution_count"] += int(e.get("execution_count") or 0)
-            inf = e.get("inference_stats") or {}
-            for key in DURATIONS:
-                d = inf.get(key) or {}
-                out[f"{key}_count"] += int(d.get("count") or 0)
-                out[f"{key}_ns"] += int(d.get("ns") or 0)
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return out
-
-
-def read(url: str, model: str) -> tuple[Counters | None, str | None]:
+def read(
+    url: str, model: str, protocol: WireProtocol | None = None
+) -> tuple[Counters | None, str | None]:
     """One GET, no retry → (counters, None) or (None, why not)."""
     import json
+
+    proto = protocol if protocol is not None else protocols.default()
 
     try:
         status, body = http.request(url, "GET", timeout=READ_TIMEOUT_S)
@@ -86,7 +64,7 @@ def read(url: str, model: str) -> tuple[Counters | None, str | None]:
     if status != 200:
         return None, f"HTTP {status}"
     try:
-        counters = counters_of(json.loads(body), model)
+        counters = proto.stats_counters(json.loads(body), model)
     except ValueError:
         counters = None
     return (counters, None) if counters is not None else (None, f"no model_stats for {model!r}")
@@ -123,9 +101,12 @@ def stage_split(start: Counters, end: Counters) -> ServerStatsStage | None:
 class StageReader:
     """Reads the counters at every stage edge and turns them into per-stage splits."""
 
-    def __init__(self, url: str, model: str, stages: Sequence[Any]) -> None:
+    def __init__(
+        self, url: str, model: str, stages: Sequence[Any], protocol: WireProtocol | None = None
+    ) -> None:
         self.url = url
         self.model = model
+        self.protocol = protocol if protocol is not None else protocols.default()
         self.stages = [(s.name, float(s.start_s), float(s.end_s)) for s in stages]
         self.edges = sorted({e for _, a, b in self.stages for e in (a, b)})
         self.reads: dict[float, tuple[float, Counters]] = {}  # edge → (read at t, counters)
@@ -134,7 +115,7 @@ class StageReader:
         self._closed = False
 
     def take(self, edge: float, t: float) -> None:
-        counters, why = read(self.url, self.model)
+        counters, why = read(self.url, self.model, self.protocol)
         if counters is not None:
             self.reads[edge] = (t, counters)
         else:
@@ -163,7 +144,7 @@ class StageReader:
         self._closed = True
         open_ = [e for e in self.edges if e not in self.reads and e not in self.failed]
         if open_ and self.reads:
-            counters, why = read(self.url, self.model)
+            counters, why = read(self.url, self.model, self.protocol)
             if counters is not None:
                 self.closing = (t, counters)
             else:
@@ -194,7 +175,8 @@ class StageReader:
             split["start_s"] = round(start[0], 3)
             split["end_s"] = round(end[0], 3)
             stages[name] = split
-        out = ServerStats(source=SOURCE, url=self.url, model=self.model, stages=stages)
+        source = self.protocol.stats_source or self.protocol.name
+        out = ServerStats(source=source, url=self.url, model=self.model, stages=stages)
         if missing:
             out["missing"] = missing
         return out
@@ -214,15 +196,18 @@ def start(
     tasks.server_stats = None  # type: ignore[attr-defined]
     if not prep.base_url or not prep.model:
         return None
-    url = stats_url(prep.base_url, prep.model)
+    protocol = prep.protocol
+    url = stats_url(prep.base_url, prep.model, protocol)
+    if url is None:  # the protocol has no statistics endpoint
+        return None
     try:
-        counters, why = read(url, prep.model)
+        counters, why = read(url, prep.model, protocol)
     except HarnessError:
         return None
     if counters is None:
         log.info("harness: no server statistics (GET %s: %s); not read during the run", url, why)
         return None
-    reader = StageReader(url, prep.model, scenario.stages)
+    reader = StageReader(url, prep.model, scenario.stages, protocol)
     tasks.server_stats = reader  # type: ignore[attr-defined]
     tasks.spawn(reader.follow, scenario_time, collecting, gevent.sleep)
     return reader

@@ -66,7 +66,7 @@ def fetch_golden(
                     "(--no-verify skips the integrity check and this fetch)"
                 )
             try:
-                return integrity.parse_answer(body)[1]
+                return pool.parse_answer(body)[1]  # as its protocol reads an answer
             except integrity.BadResponse as exc:
                 raise TargetUnavailable(f"golden output for pool input {i}: {exc}") from None
 

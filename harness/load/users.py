@@ -29,8 +29,9 @@ import gevent.event
 import gevent.pool
 from locust import User, task
 
+from harness import protocols
 from harness.load import arrivals, http
-from harness.load.integrity import BadResponse, Golden, golden_from_wire, parse_answer
+from harness.load.integrity import Golden, golden_from_wire
 from harness.load.payloads import ClassParams, PayloadPool, make_id
 from harness.load.recording import Recording
 from harness.load.scenario import Scenario, Stage
@@ -46,8 +47,9 @@ class Plan:
     base_url: str
     model: str
     capacity_rps: float | None
-    inputs: Sequence[list[dict[str, Any]]]
+    inputs: Sequence[Any]  # the pool's inputs, as the protocol built them
     golden: Mapping[str, Any] | None  # integrity.golden_to_wire(), None = not verifying
+    protocol: str = protocols.DEFAULT  # its name (--protocol): every process speaks it
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -59,6 +61,7 @@ class Plan:
             "capacity_rps": self.capacity_rps,
             "inputs": list(self.inputs),
             "golden": self.golden,
+            "protocol": self.protocol,
         }
 
     @classmethod
@@ -107,10 +110,18 @@ class Engine:
         host, port, prefix = http.split_url(plan.base_url)
         self.conns = http.ConnectionPool(host, port)
         self.host, self.port = host, port
+        self.protocol = protocols.get(plan.protocol)
         classes = [ClassParams(c.name, c.priority, c.timeout_us) for c in scenario.classes]
         self.payloads = PayloadPool(
-            host, port, f"{prefix}/v2/models/{plan.model}/infer", plan.inputs, classes
+            host,
+            port,
+            prefix + self.protocol.infer_path(plan.model),
+            plan.inputs,
+            classes,
+            self.protocol,
         )
+        self._request_method = self.protocol.request_method
+        self._request_name = self.protocol.request_name
         self.golden: Golden | None = golden_from_wire(plan.golden) if plan.golden else None
         # t = 0 of the scenario on this process's monotonic clock
         self.origin = clock() - (wall() - plan.origin_unix)
@@ -250,8 +261,8 @@ class Engine:
     def verify(self, index: int, rid: str, body: bytes, t: float = 0.0) -> str:
         """Outcome of a 200 answer: ok, cross_wired, id_mismatch, drift or bad_response."""
         try:
-            echoed, values = parse_answer(body)
-        except BadResponse:
+            echoed, values = self.protocol.parse_answer(body)
+        except protocols.BadResponse:
             return "bad_response"
         golden = self.golden
         rec = self.recording
@@ -285,8 +296,8 @@ class Engine:
 
     def _fire(self, cls: str, latency_ms: float, length: int, outcome: str) -> None:
         self.fire_request(
-            request_type="POST",
-            name=f"infer [{cls}]",
+            request_type=self._request_method,
+            name=f"{self._request_name} [{cls}]",
             response_time=latency_ms,
             response_length=length,
             exception=None if outcome == "ok" else _failure(outcome),
