@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
-from harness import acceptance, cli, sut
+from harness import acceptance, cli
 from harness.acceptance import core_split
 
 
 @pytest.fixture
 def four_cores(monkeypatch):
-    monkeypatch.setattr(sut, "available_cores", lambda: (0, 1, 2, 3))
+    monkeypatch.setattr("harness.sut.cores.available_cores", lambda: (0, 1, 2, 3))
 
 
 def test_the_default_split_and_a_given_one(four_cores) -> None:
@@ -32,7 +32,7 @@ def test_the_default_split_and_a_given_one(four_cores) -> None:
 
 
 def test_one_core_is_shared(monkeypatch) -> None:
-    monkeypatch.setattr(sut, "available_cores", lambda: (0,))
+    monkeypatch.setattr("harness.sut.cores.available_cores", lambda: (0,))
     assert core_split(None) is None and core_split("0") is None
 
 

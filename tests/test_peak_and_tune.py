@@ -731,7 +731,7 @@ def test_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )
     guard = subprocess.Popen(
-        [sys.executable, "-m", "harness.sut_guard", str(parent.pid), str(server.pid)]
+        [sys.executable, "-m", "harness.sut.guard", str(parent.pid), str(server.pid)]
     )
     try:
         time.sleep(1.0)

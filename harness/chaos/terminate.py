@@ -130,8 +130,8 @@ class Terminate(Action):
         state = proc_state(old)
         self.detail["found"] = state not in GONE
         self.detail["ignored"] = sigterm_ignored(old)
-        url = getattr(self.target, "url", None)
-        ready_url = f"{url}/v2/health/ready" if url else None
+        # the server's readiness URL (its protocol's path), None when it has no URL
+        ready_url = getattr(self.target, "ready_url", None)
         if not self.detail["found"]:
             return
         if state in ("T", "t"):  # a stopped process cannot handle SIGTERM

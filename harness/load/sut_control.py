@@ -18,7 +18,7 @@ from typing import Any
 import gevent
 import gevent.lock
 
-from harness import sut
+from harness import protocols, sut
 from harness.errors import HarnessError
 from harness.load import target
 from harness.load.options import Options
@@ -122,13 +122,15 @@ class SutControl:
                 threads=threads,
                 log_path=self.out_dir / "sut.log",
                 pid_file=self.pid_file(),
+                ready_path=protocols.get(o.protocol).ready_path,
             )
             self.handle = new  # before it can fail: the end of the process stops it
             new.start()
             return new.wait_ready(timeout=o.ready_timeout_s)
         if o.sut_pid is not None and self.handle is None:
             # its pid file: a supervisor's restart after kill chaos is followed by the sampler
-            self.handle = sut.attach(o.sut_pid, base_url(), self.pid_file())
+            ready_path = protocols.get(o.protocol).ready_path
+            self.handle = sut.attach(o.sut_pid, base_url(), self.pid_file(), ready_path)
         return None
 
     def restart_fresh(self) -> float | None:
@@ -198,6 +200,7 @@ class SutControl:
                 threads=st.threads,
                 log_path=self.out_dir / "sut.log",
                 pid_file=self.pid_file(),
+                ready_path=h.ready_path,
             )
             with self._restarting:
                 try:

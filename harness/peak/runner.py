@@ -10,7 +10,7 @@ at the error limit, and the harness's validity rules (generator saturation, disp
 lag, sampler coverage) — an invalid run is a limit of the load generator, not of the
 server. The server is started once and kept running between points (its pid is given
 to each run, so the sampler and the validity rules see it); a guard process
-(``harness.sut_guard``, started by ``SutProcess``) stops it if this process dies, SIGKILL
+(``harness.sut.guard``, started by ``SutProcess``) stops it if this process dies, SIGKILL
 included. A server that dies during a point — its process exits, or the point's run
 records that it exited or stopped answering — ends the search as a failure (exit 1), the
 cause and the rate in its answer, the points measured so far written.

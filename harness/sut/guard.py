@@ -1,6 +1,6 @@
 """Stop a server when the process that started it dies, SIGKILL included.
 
-``python -m harness.sut_guard PARENT_PID SERVER_PID``: a separate process (its own
+``python -m harness.sut.guard PARENT_PID SERVER_PID``: a separate process (its own
 session, so a Ctrl-C to the harness does not reach it first) that polls twice a second;
 when PARENT_PID is gone it sends SIGCONT and SIGTERM to SERVER_PID's process group (the
 server was started in its own group; a paused one must run to handle the SIGTERM), waits
@@ -55,7 +55,7 @@ def guard(parent: int, server: int, poll_s: float = 0.5, grace_s: float = 10.0) 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m harness.sut_guard PARENT_PID SERVER_PID", file=sys.stderr)
+        print("usage: python -m harness.sut.guard PARENT_PID SERVER_PID", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(Exception):  # PR_SET_NAME: tell it apart in ps / the sampler
