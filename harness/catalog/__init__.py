@@ -175,7 +175,7 @@ CATALOG = Catalog(
             op="<=",
             defaults=_defaults(threshold=30.0),
             summary="process start → readiness endpoint 200",
-            passes_when="process start → `/v2/health/ready` 200 within {threshold} s",
+            passes_when="process start → readiness endpoint 200 within {threshold} s",
             scenarios=("cold_start",),
         ),
         CheckDecl(

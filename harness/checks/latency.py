@@ -54,7 +54,7 @@ def time_to_ready(result: Mapping[str, Any], r: Result) -> Check:
     if not ok:
         detail += (
             " — check model loading and warmup; poll the model's ready endpoint, not only "
-            "/v2/health/ready"
+            "the server's readiness endpoint"
         )
     return r.judged(float(ttr), ok, detail, n=1)
 

@@ -102,7 +102,7 @@ def server_split_rows(sc: Mapping[str, Any]) -> tuple[list[list[str]], list[str]
     return (
         rows,
         missing,
-        SERVER_SPLIT_NOTE.format(url=stats.get("url") or "GET /v2/models/{m}/stats"),
+        SERVER_SPLIT_NOTE.format(url=stats.get("url") or "the statistics endpoint"),
     )
 
 

@@ -238,8 +238,9 @@ class ServerStatsStage(TypedDict):
 
 
 class ServerStats(TypedDict):
-    """``server_stats``: the server's own queue vs compute split per stage (Triton's
-    ``GET /v2/models/{m}/stats``), absent when the server does not offer it."""
+    """``server_stats``: the server's own queue vs compute split per stage (its
+    protocol's statistics endpoint: Triton's statistics extension for KServe V2), absent
+    when the server does not offer it."""
 
     source: Literal["v2-statistics"]
     url: str
