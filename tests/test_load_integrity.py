@@ -7,14 +7,9 @@ import random
 
 import pytest
 
-from harness.load.integrity import (
-    BadResponse,
-    build_golden,
-    flatten,
-    golden_from_wire,
-    golden_to_wire,
-    parse_answer,
-)
+from harness.load.integrity import build_golden, golden_from_wire, golden_to_wire
+from harness.protocols import BadResponse
+from harness.protocols.kserve_v2 import flatten, parse_answer
 
 
 def _outputs(n: int = 16, dim: int = 10, seed: int = 3) -> list[list[float]]:
@@ -103,7 +98,8 @@ def test_parse_answer_rejects_non_v2_bodies(body: bytes) -> None:
 
 
 def _sim_pool(port: int, n: int):
-    from harness.load.payloads import ClassParams, InputSpec, PayloadPool, generate_inputs
+    from harness.load.payloads import ClassParams, PayloadPool
+    from harness.protocols.kserve_v2 import InputSpec, generate_inputs
 
     inputs = generate_inputs([InputSpec("input", "FP32", (1, 16))], n, seed=3)
     return PayloadPool(

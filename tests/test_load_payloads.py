@@ -7,13 +7,10 @@ import json
 import pytest
 
 from harness.errors import ConfigError
-from harness.load.payloads import (
-    ID_WIDTH,
-    ClassParams,
+from harness.load.payloads import ID_WIDTH, ClassParams, PayloadPool, make_id
+from harness.protocols.kserve_v2 import (
     InputSpec,
-    PayloadPool,
     generate_inputs,
-    make_id,
     parse_input_option,
     resolve_specs,
 )

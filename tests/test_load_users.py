@@ -7,10 +7,10 @@ import gevent.event
 import pytest
 
 from harness.load.options import Options, scenario_for
-from harness.load.payloads import InputSpec, generate_inputs
 from harness.load.recording import Recording, counters_view
 from harness.load.scenario import packaged_scenarios
 from harness.load.users import Engine, Plan
+from harness.protocols.kserve_v2 import InputSpec, generate_inputs
 from tests.locust_helpers import SCENARIOS
 
 

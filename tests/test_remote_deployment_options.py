@@ -29,6 +29,7 @@ from harness.load.options import add_options, options_from
 from harness.load.preflight import check_transport
 from harness.load.users import Plan
 from harness.load.wire import PlanMessage
+from harness.protocols import kserve_v2
 from harness.report.compare import compare
 from harness.results import machine_metadata
 from tests.results_factory import MACHINE
@@ -233,8 +234,8 @@ def test_headers_reach_the_server_on_every_request_path(certs):
         http.configure(client)
         assert target.get(srv.url + "/v2/health/ready")[0] == 200
         meta = payloads.model_metadata(srv.url, "m")
-        specs, _ = payloads.resolve_specs(meta, "m")
-        inputs = payloads.generate_inputs(specs, 4, seed=1)
+        specs, _ = kserve_v2.resolve_specs(meta, "m")
+        inputs = kserve_v2.generate_inputs(specs, 4, seed=1)
         pool = payloads.PayloadPool(
             "127.0.0.1", srv.port, "/v2/models/m/infer", inputs, [payloads.ClassParams("default")]
         )

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-# how an answer is read is its protocol's (harness.protocols); these names stay importable
-# here, beside the judging of what was read
+# how an answer is read is its protocol's (harness.protocols.WireProtocol.parse_answer);
+# one that cannot be read is judged here as what it is (bad_response)
 from harness.protocols import BadResponse  # noqa: F401
-from harness.protocols.kserve_v2 import flatten, parse_answer  # noqa: F401
 
 # Float32 models batched differently give ~1e-6 relative differences; 1e-4 leaves room
 # for BLAS kernel changes while staying far below the distance between distinct inputs.

@@ -18,14 +18,6 @@ from harness.errors import ConfigError, TargetUnavailable
 from harness.load import http
 from harness.protocols import ID_WIDTH, ClassParams, WireProtocol
 
-# the KServe V2 input helpers were here; importable from here until their callers move
-from harness.protocols.kserve_v2 import (  # noqa: F401
-    InputSpec,
-    generate_inputs,
-    parse_input_option,
-    resolve_specs,
-)
-
 
 class PayloadPool:
     """Pre-encoded requests: ``parts(cls, i)`` → (head + body up to the id, rest of body).
