@@ -1,0 +1,121 @@
+"""What the subcommands share: the parser that exits 2 with one line, the argument types,
+the options several commands take (one wording each), the checks of their combinations."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.errors import ConfigError, ExitCode
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line naming the fix (no usage dump on stderr)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+Subparsers = argparse._SubParsersAction  # what each subcommand's ``add`` gets
+
+
+# --- argument types ---------------------------------------------------------------------
+
+
+def positive_float(text: str) -> float:
+    """Seconds > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 seconds")
+    return v
+
+
+def positive_ms(text: str) -> float:
+    """A latency > 0 ms."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ms") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a latency > 0 ms, e.g. 100")
+    return v
+
+
+def fraction(text: str) -> float:
+    """A number (its range is checked by the config that takes it)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+# --- options several commands take --------------------------------------------------------
+
+
+def add_target_url(g: argparse._ActionsContainer) -> None:
+    """--target URL: a server the harness did not start."""
+    g.add_argument("--target", default=None, metavar="URL", help="attach to a running server")
+
+
+def add_sut_pid(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--sut-pid",
+        type=int,
+        default=None,
+        help="with --target: the server's pid, so its process is sampled (and chaos reaches it)",
+    )
+
+
+def add_sut_cores(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--sut-cores", default=None, help="cores for a server the harness starts, e.g. 1 or 0-1"
+    )
+
+
+def add_model(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--model", default=None, help="model name on the server (V2 protocol); default: its own"
+    )
+
+
+def add_checklist(p: argparse._ActionsContainer) -> None:
+    p.add_argument("--checklist", default=None, help="TOML file overriding check thresholds")
+
+
+def add_locust_arg(p: argparse._ActionsContainer, each: str, example: str = "") -> None:
+    """--locust-arg, passed to ``each`` Locust run (e.g. "scenario's", "point's")."""
+    p.add_argument(
+        "--locust-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help=f"extra argument passed to each {each} locust run (repeatable){example}",
+    )
+
+
+SUT_CMD_HELP = (
+    "start this server; {port} (and {threads}) are filled in, e.g. "
+    '"tritonserver --model-repository /models --http-port {port}"'
+)
+
+
+def check_sut_cmd(sut_cmd: str | None) -> None:
+    """--sut-cmd: a {port} placeholder, no other than {port}/{threads} (the one check)."""
+    if sut_cmd:
+        from harness.load.preflight import check_sut_cmd as check
+
+        check(sut_cmd)
+
+
+def check_attach(target: str | None, sut_pid: int | None) -> None:
+    """--sut-pid names a running server's process: it needs that server's --target URL."""
+    if target is None and sut_pid is not None:
+        raise ConfigError("--sut-pid needs --target URL (the server's address)")
+
+
+def to_stderr(text: str) -> None:
+    """Progress of a long command: stderr, so stdout keeps its result line."""
+    print(text, file=sys.stderr, flush=True)
