@@ -1,6 +1,6 @@
 """Render docs/detection.md: defect → scenario → check → measured value → threshold → caught?
 
-Either runs the detection matrix itself (every case of tests/detection_cases.py, in order,
+Either runs the detection matrix itself (every case of harness/testing/detection_cases.py, in order,
 the healthy steady-state run first because its capacity sizes the leaks), or reads the
 result directories a test run left behind::
 
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.detection_cases import (  # noqa: E402 — needs the repo root on sys.path
+from harness.testing.detection import (  # noqa: E402 — needs the repo root on sys.path
     BY_NAME,
     CAPACITY_CASE,
     CASES,
@@ -171,7 +171,7 @@ def render(
         "intended check's measured value (a case that must fail two checks has a row for "
         "each). *Caught* means: exit code 1, every intended check "
         "failed with its value on the wrong side of its threshold, and no check failed "
-        "that the case's allow-list (in `tests/detection_cases.py`, each with its reason) "
+        "that the case's allow-list (in `harness/testing/detection_cases.py`, each with its reason) "
         "does not explain. Healthy controls must exit 0. The same cases run as "
         "`tests/test_detection.py` (marked `slow`).",
         "",

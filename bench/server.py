@@ -37,9 +37,9 @@ import psutil  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.testing.server import start_server  # noqa: E402
 from reference_server.config import parse_config  # noqa: E402
 from reference_server.models import build_model  # noqa: E402
-from tests.server_fixtures import start_server  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
 

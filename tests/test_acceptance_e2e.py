@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.acceptance import CHECKLIST
-from tests.detection_cases import share_from_acceptance
+from harness.testing.detection import share_from_acceptance
 
 REPO = Path(__file__).resolve().parent.parent
 

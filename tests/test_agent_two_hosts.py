@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.locust_helpers import MECHANICS_CHECKLIST, REPO, locust_cmd, scenario_result, stop
+from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, locust_cmd, scenario_result, stop
 
 pytestmark = pytest.mark.slow
 

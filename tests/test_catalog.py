@@ -23,7 +23,7 @@ from harness.catalog.docs import COMMAND, problems, readme_table, regenerate, un
 from harness.checks import CHECK_IDS, REGISTRY, Check, evaluate
 from harness.checks.model import Result
 from harness.checks.registry import Registry
-from tests.test_checks import counters, result
+from harness.testing.checks import counters, result
 
 ROOT = Path(__file__).resolve().parent.parent
 

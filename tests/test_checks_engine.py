@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,8 @@ from harness.checks import (
     verdict,
 )
 from harness.errors import ConfigError, ResultFormatError
-from tests.test_checks import counters, hdr, result, stage, steady_result
+from harness.testing.checks import counters, good_steady, hdr, result
+from harness.testing.results import stage
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,17 +41,6 @@ def test_registry_matches_the_scenario_formats_check_ids() -> None:
 
 
 # --- evaluate ---------------------------------------------------------------------------------
-
-
-def good_steady(**overrides: Any) -> dict[str, Any]:
-    sc = steady_result([5.0] * 3960)
-    sc["check_config"] = {
-        "steady.p99_ms": {"stage": "steady"},
-        "steady.error_rate": {},
-        "steady.throughput": {"stage": "steady"},
-    }
-    sc.update(overrides)
-    return sc
 
 
 def test_evaluate_runs_listed_checks_plus_accounting() -> None:

@@ -219,7 +219,7 @@ def test_version_prints_the_package_version() -> None:
 def test_judge_rejudges_results_under_another_checklist(tmp_path):
     """``harness judge DIR``: the end-of-run judging for results on disk (a killed run's,
     or a web UI run's); a stricter checklist turns a pass into a fail, in the file too."""
-    from tests.results_factory import build_document
+    from harness.testing.reference_document import build_document
 
     doc = build_document(seed=1, scenarios=["steady_state"])
     doc["scenarios"][0]["checks"], doc["scenarios"][0]["verdict"] = [], None

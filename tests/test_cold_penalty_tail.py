@@ -17,7 +17,7 @@ from harness.analysis.hdr import nearest_rank
 from harness.checks import REGISTRY, Check, resolve_params
 from harness.checks.latency import tail_rank
 from harness.checks.resilience import kth_slowest_bound_ms
-from tests.results_factory import counters, hdr, scenario, stage
+from harness.testing.results import counters, hdr, scenario, stage
 
 
 def _run(check_id: str, sc: dict[str, Any], **params: Any) -> Check:

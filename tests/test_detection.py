@@ -1,6 +1,6 @@
 """Detection matrix: every planted defect is caught by its check, and only by it.
 
-Each case (tests/detection_cases.py) runs ``harness run SCENARIO --quick --sut-cmd
+Each case (harness/testing/detection_cases.py) runs ``harness run SCENARIO --quick --sut-cmd
 "python -m reference_server --fault ..."`` as a real subprocess: a real server, a real
 headless Locust run, the real verdict. A defect case must exit 1 with its intended check
 failed, the value on the wrong side of the threshold, and no check failed that its
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.detection_cases import (
+from harness.testing.detection import (
     BY_NAME,
     CAPACITY_CASE,
     CASES,
@@ -32,7 +32,7 @@ from tests.detection_cases import (
     capacity_of,
     judge,
 )
-from tests.detection_cases import run_case as _run_case
+from harness.testing.detection import run_case as _run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -35,7 +35,8 @@ from harness.checks.engine import (
 from harness.collectors.loop import TickLoop
 from harness.collectors.samples import read_samples
 from harness.collectors.system import ForeignMeter, SystemSampler, run_pids
-from tests import results_factory as rf
+from harness.testing import reference_document as rd
+from harness.testing import results as rf
 
 BUSY = "while True: pass"
 # the run's root: starts its own busy child (the run's work, like a CPU hog) and waits
@@ -473,7 +474,7 @@ def _run(kind: str, seed: int = 0, *, failing: bool = True) -> dict:
     disturbed by a tenant on its core from 8 s in, which failed ``steady.p99_ms``
     (``failing``: the SLO set below the measured p99, as the tenant made it)."""
     rng = np.random.default_rng(seed)
-    sc = copy.deepcopy(rf.steady_state(rng))
+    sc = copy.deepcopy(rd.steady_state(rng))
     sc["stages"] = [rf.stage("steady", 0, DUR, 200.0, warmup_s=5.0)]
     if failing:
         sc["check_config"]["steady.p99_ms"] = {"threshold": 1}
@@ -611,7 +612,7 @@ def test_without_a_sampler_the_verdict_says_foreign_cpu_was_not_measured():
     first, probe = judged["not_measured"]
     assert first.startswith("foreign CPU on the server's cores: not measured — no sampler ran")
     assert probe.startswith("foreign CPU during the capacity probe: not measured — no server")
-    doc = {**rf.build_document(scenarios=["steady_state"]), "scenarios": [judged]}
+    doc = {**rd.build_document(scenarios=["steady_state"]), "scenarios": [judged]}
     assert "Not measured: foreign CPU on the server" in render_summary(doc)
     assert "Not measured: foreign CPU on the server" in render_html(doc)
     # measured: no note

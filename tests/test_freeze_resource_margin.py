@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.checks import REGISTRY, Check, resolve_params
-from tests.results_factory import scenario, stage
+from harness.testing.results import scenario, stage
 
 RUN_S = 25  # freeze --quick: 8 s baseline, 3 s SIGSTOP, 14 s after
 FREEZE = (8.0, 11.0)

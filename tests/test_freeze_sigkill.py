@@ -184,7 +184,7 @@ def test_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
 ) -> None:
     """A server the harness attached to (not its own): resumed by the pause's undo guard
     and serving, as it was before the run."""
-    from tests.server_fixtures import free_port, is_ready
+    from harness.testing.server import free_port, is_ready
 
     port = free_port()
     srv = subprocess.Popen(

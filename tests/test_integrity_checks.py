@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks import REGISTRY, Check, resolve_params
-from tests.results_factory import counters, scenario
+from harness.testing.results import counters, scenario
 
 
 def integrity_doc(

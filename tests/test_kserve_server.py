@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.locust_helpers import MECHANICS_CHECKLIST, REPO, stop
+from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, stop
 
 pytestmark = pytest.mark.slow
 

@@ -31,10 +31,7 @@ from harness.checks import REGISTRY, resolve_params
 from harness.checks._data import fmt
 from harness.errors import ConfigError
 from harness.load.recording import Recording
-from reference_server.errors import ConfigError as ServerConfigError
-from reference_server.faults import parse_faults
-from tests.server_fixtures import infer_body
-from tests.test_checks import (
+from harness.testing.checks import (
     counters,
     failed,
     hdr,
@@ -43,10 +40,13 @@ from tests.test_checks import (
     result,
     run,
     skipped,
-    stage,
 )
-from tests.test_server_app import SIM
-from tests.test_server_app import client as server_client
+from harness.testing.results import stage
+from harness.testing.server import infer_body
+from harness.testing.server_app import SIM
+from harness.testing.server_app import client as server_client
+from reference_server.errors import ConfigError as ServerConfigError
+from reference_server.faults import parse_faults
 
 
 def steady(

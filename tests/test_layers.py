@@ -84,6 +84,9 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
         ),
     ),
     ("harness.cli", None),  # type: ignore[arg-type]  # the top: everything
+    # the tests' and benchmarks' builders and helpers: may import anything, imported by
+    # nothing in the harness (test_nothing_in_the_harness_imports_its_test_helpers)
+    ("harness.testing", None),  # type: ignore[arg-type]
     ("harness.__main__", frozenset({"harness.cli"})),
     ("harness", frozenset()),  # harness/__init__.py: the version only
     ("locustfiles", frozenset({"harness.load"})),
@@ -154,6 +157,18 @@ def test_no_module_imports_a_higher_layer(path: Path) -> None:
         f"{module} imports {bad}; its layer may import only {sorted(allowed)} "
         "(docs/architecture.md, 'Packages and who owns what')"
     )
+
+
+def test_nothing_in_the_harness_imports_its_test_helpers() -> None:
+    """harness.testing serves tests/ and bench/ only: no other module of the harness, the
+    reference server or the locustfile imports it (harness.cli included)."""
+    offenders = {
+        _module_name(path): sorted(n for n in _imports(path) if _layer(n) == "harness.testing")
+        for path in MODULES
+        if _layer(_module_name(path)) != "harness.testing"
+    }
+    offenders = {module: names for module, names in offenders.items() if names}
+    assert not offenders, f"modules importing the test helpers: {offenders}"
 
 
 def test_the_contract_catches_a_violation(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def _sim_pool(port: int, n: int):
 @pytest.mark.slow
 def test_golden_fetch_retries_a_transient_5xx() -> None:
     from harness.load.target import fetch_golden
-    from tests.server_fixtures import start_server
+    from harness.testing.server import start_server
 
     pauses: list[float] = []
     # error-rate answers 500 for 20 % of requests (seeded, so the same ones every run)
@@ -124,7 +124,7 @@ def test_golden_fetch_retries_a_transient_5xx() -> None:
 def test_golden_fetch_gives_up_on_a_server_that_keeps_failing() -> None:
     from harness.errors import TargetUnavailable
     from harness.load.target import GOLDEN_TRIES, fetch_golden
-    from tests.server_fixtures import start_server
+    from harness.testing.server import start_server
 
     pauses: list[float] = []
     with (
@@ -143,7 +143,7 @@ def test_kept_golden_outputs_are_reused_only_for_the_same_server_process(tmp_pat
     cannot see (no pid) fetch anew — a golden is never carried to a server it was not
     asked of."""
     from harness.load.target import fetch_golden, golden_key, keep_golden, kept_golden
-    from tests.server_fixtures import start_server
+    from harness.testing.server import start_server
 
     path = tmp_path / "golden.json"
     with start_server("--model", "sim", "--sim-base-ms", "0") as srv:

@@ -11,7 +11,7 @@ from harness.load.recording import Recording, counters_view
 from harness.load.scenario import packaged_scenarios
 from harness.load.users import Engine, Plan
 from harness.protocols.kserve_v2 import InputSpec, generate_inputs
-from tests.locust_helpers import SCENARIOS
+from harness.testing.locust_runs import SCENARIOS
 
 
 class FakeTime:

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from harness.errors import ExitCode
-from tests.locust_helpers import (
+from harness.testing.locust_runs import (
     MECHANICS_CHECKLIST,
     REPO,
     SCENARIOS,
@@ -17,7 +17,7 @@ from tests.locust_helpers import (
     scenario_result,
     stop,
 )
-from tests.server_fixtures import free_port, start_server
+from harness.testing.server import free_port, start_server
 
 # These load-mechanics scenarios list no check of their own (only the harness's
 # bookkeeping, accounting.balanced): they judge nothing about the server, which is exit 4,

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from harness.errors import ExitCode
-from tests.locust_helpers import (
+from harness.testing.locust_runs import (
     REPO,
     SCENARIOS,
     balanced,
@@ -23,7 +23,7 @@ from tests.locust_helpers import (
     scenario_result,
     stop,
 )
-from tests.server_fixtures import scrape, start_server
+from harness.testing.server import scrape, start_server
 
 # These load-mechanics scenarios list no check of their own (only the harness's
 # bookkeeping, accounting.balanced): they judge nothing about the server, which is exit 4,
@@ -248,7 +248,7 @@ def test_bad_input_spec_is_one_line_exit_2_with_results(tmp_path) -> None:
 
 
 def test_unreachable_target_exits_1(tmp_path) -> None:
-    from tests.server_fixtures import free_port
+    from harness.testing.server import free_port
 
     run = run_locust(
         "--host",

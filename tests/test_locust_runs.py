@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import ExitCode
-from tests.locust_helpers import SCENARIOS, balanced, hist, run_locust, scenario_result
-from tests.server_fixtures import start_server
+from harness.testing.locust_runs import SCENARIOS, balanced, hist, run_locust, scenario_result
+from harness.testing.server import start_server
 
 # These load-mechanics scenarios list no check of their own (only the harness's
 # bookkeeping, accounting.balanced): they judge nothing about the server, which is exit 4,

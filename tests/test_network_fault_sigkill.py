@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.testing.locust_runs import REPO, locust_cmd, stop
+from harness.testing.server import http_status, infer_body, post_infer, start_server
 from reference_server.config import DEFAULT_MLP_DIMS
-from tests.locust_helpers import REPO, locust_cmd, stop
-from tests.server_fixtures import http_status, infer_body, post_infer, start_server
 
 # A blackhole that outlasts the test: the kill lands while the proxy holds connections
 # (the harder case: data held, clients waiting) after a latency phase has come and gone.

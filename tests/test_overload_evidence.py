@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from harness.checks import judge_scenario, validity
-from tests.test_checks import (
+from harness.testing.checks import (
     counters,
     failed,
     hdr,
@@ -32,8 +32,8 @@ from tests.test_checks import (
     run,
     skipped,
     spike_result,
-    stage,
 )
+from harness.testing.results import stage
 
 BLOCKS = [
     {"kind": "baseline", "stage": "baseline_1", "start_s": 0, "end_s": 20},

@@ -17,7 +17,7 @@ from harness.report.common import verdict_sentence
 from harness.report.junit import render_junit
 from harness.report.summary import render_summary
 from harness.results import new_document
-from tests.test_checks import counters, result
+from harness.testing.checks import counters, result
 
 
 def _soak_attached_without_pid() -> dict[str, Any]:

@@ -25,21 +25,13 @@ from harness.peak.search import (
     knee,
     samples_needed,
 )
+from harness.testing.peak import drive as _drive
 
 
 def _p99_model(rate: float, capacity: float = 400.0) -> float:
     """An M/M/1-like p99: flat at low load, a hockey stick near capacity."""
     rho = min(rate / capacity, 0.999)
     return 20.0 + 10.0 * math.log(100.0) / (1.0 - rho)
-
-
-def _drive(search: PeakSearch, judge) -> PeakSearch:
-    for _ in range(100):
-        step = search.next_step()
-        if step.rate_rps is None:
-            return search
-        search.record(judge(step.rate_rps, step.longer))
-    raise AssertionError("the search did not stop")
 
 
 def _deterministic(slo: float):

@@ -21,7 +21,7 @@ from harness.peak.search import (
     fit_edge,
     fit_outcomes,
 )
-from tests.test_peak_and_tune import _drive
+from harness.testing.peak import drive as _drive
 
 EDGE = 400.0
 

@@ -18,7 +18,7 @@ import pytest
 
 from harness.peak.runner import PeakConfig, headline_peak, summarize
 from harness.peak.search import PeakSearch, Point, SearchParams, fit_edge, searches_interval
-from tests.test_peak_and_tune import _drive
+from harness.testing.peak import drive as _drive
 
 
 def test_searches_interval_is_students_t_over_the_searches() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import configargparse
@@ -32,38 +31,10 @@ from harness.load.wire import PlanMessage
 from harness.protocols import kserve_v2
 from harness.report.compare import compare
 from harness.results import machine_metadata
-from tests.results_factory import MACHINE
+from harness.testing.results import MACHINE
+from harness.testing.tls import make_certs
 
 SECRET = "Bearer s3cret-token-4242"
-
-needs_openssl = pytest.mark.skipif(
-    shutil.which("openssl") is None, reason="the openssl CLI makes the throwaway test CA"
-)
-
-
-def make_certs(d: Path, name: str = "ca") -> dict[str, Path]:
-    """A throwaway CA and a server certificate it signs for 127.0.0.1 / localhost."""
-    d.mkdir(parents=True, exist_ok=True)
-    ca_key, ca, key, csr, cert = (
-        d / f"{name}{x}" for x in (".key", ".pem", "-srv.key", ".csr", "-srv.pem")
-    )
-    ext = d / f"{name}.ext"
-    ext.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
-        "extendedKeyUsage=serverAuth\n"
-    )
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
-
-    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
-        "-subj", f"/CN=harness test {name}", "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
-    run("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
-    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))  # fmt: skip
-    return {"ca": ca, "key": key, "cert": cert}
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +374,7 @@ def test_compare_matches_machines_on_cpu_not_hostname(tmp_path):
 
 def test_compare_cli_exit_codes(tmp_path, capsys):
     from harness.results import write_document
-    from tests.results_factory import build_document
+    from harness.testing.reference_document import build_document
 
     for name, machine in (
         ("a", {"host": "runner-a"}),

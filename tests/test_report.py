@@ -15,7 +15,8 @@ from harness.report import render_all, render_dir
 from harness.report.junit import render_junit
 from harness.report.summary import render_summary
 from harness.results import load_document, new_document, write_document
-from tests.results_factory import MACHINE, build_document, check, scenario
+from harness.testing.reference_document import build_document
+from harness.testing.results import MACHINE, check, scenario
 
 DATA = Path(__file__).parent / "data"
 

@@ -22,7 +22,8 @@ from harness.report.compare import (
     judge,
 )
 from harness.results import write_document
-from tests.results_factory import build_document, hdr, scaled_hdr
+from harness.testing.reference_document import build_document
+from harness.testing.results import hdr, scaled_hdr
 
 VALID = ["steady_state", "contention", "linearity", "soak"]
 

@@ -25,7 +25,7 @@ from harness.chaos.terminate import Terminate, sigterm_ignored
 from harness.checks import REGISTRY, resolve_params
 from harness.errors import ConfigError
 from harness.load.scenario import load_scenario
-from tests.results_factory import hdr
+from harness.testing.results import hdr
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,8 @@ from harness.results import (
     new_document,
     write_document,
 )
-from tests.results_factory import MACHINE, build_document, scenario
+from harness.testing.reference_document import build_document
+from harness.testing.results import MACHINE, scenario
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parent.parent
@@ -120,7 +121,7 @@ def test_a_killed_writer_leaves_a_loadable_document(tmp_path):
         f"""
         from pathlib import Path
         from harness.results import new_document, write_document
-        from tests.results_factory import scenario
+        from harness.testing.results import scenario
         doc = new_document()
         i = 0
         while True:

@@ -27,9 +27,10 @@ from harness.report.common import decode_hdr, fmt_num, hdr_summary
 from harness.report.html import render_html
 from harness.results import SCHEMA, load_document, new_document, records, write_document
 from harness.results.schema import SCHEMA_FILE, json_schema, render
+from harness.testing.checks import run, steady_result
+from harness.testing.reference_document import build_document
+from harness.testing.results import MACHINE, scenario
 from tests.conftest import schema_errors
-from tests.results_factory import MACHINE, build_document, scenario
-from tests.test_checks import run, steady_result
 
 GOLDEN = SCHEMA_FILE.parent.parent / "tests" / "data" / "results_v1.json"
 

@@ -21,8 +21,7 @@ from harness.acceptance import Plan, ScenarioRun, Target, retry_reasons, run_pla
 from harness.checks.engine import disturbance_reasons, validity
 from harness.report.summary import render_summary
 from harness.results import machine_metadata, new_document
-from tests.test_checks import hdr
-from tests.test_checks_engine import good_steady
+from harness.testing.checks import good_steady, hdr
 
 LATE = hdr([1000] * 980 + [40_000] * 20)  # dispatch lag p99 40 ms > 20 ms (10 % of 200)
 T = [float(i) for i in range(40)]

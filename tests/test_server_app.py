@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from reference_server.app import ServerState, create_app, server_state
+from harness.testing.server import infer_body, metric_sum, parse_metrics
+from harness.testing.server_app import SIM, client
+from reference_server.app import ServerState, server_state
 from reference_server.config import ServerConfig
 from reference_server.faults import parse_faults
 from reference_server.models import SimModel
-from tests.server_fixtures import infer_body, metric_sum, parse_metrics
 
-SIM = ServerConfig(model="sim", sim_base_ms=0.0, sim_item_ms=0.0, max_delay_ms=1.0)
 ROW = [float(i) for i in range(16)]
 INFER = "/v2/models/sim/infer"
-
-
-@contextlib.contextmanager
-def client(config: ServerConfig = SIM, wait_ready: bool = True) -> Iterator[TestClient]:
-    app = create_app(config)
-    with TestClient(app) as c:
-        if wait_ready:
-            assert server_state(app).warmed_up.wait(30), "warmup did not finish"
-        yield c
 
 
 def state_of(c: TestClient) -> ServerState:

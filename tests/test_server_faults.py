@@ -11,10 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from reference_server.errors import ConfigError
-from reference_server.faults import FaultRuntime, ModelFault, parse_faults
-from reference_server.models import SimModel
-from tests.server_fixtures import (
+from harness.testing.server import (
     SIM_ROW,
     Answer,
     ServerHandle,
@@ -28,6 +25,9 @@ from tests.server_fixtures import (
     start_server,
     wait_until,
 )
+from reference_server.errors import ConfigError
+from reference_server.faults import FaultRuntime, ModelFault, parse_faults
+from reference_server.models import SimModel
 
 pytestmark = pytest.mark.slow
 

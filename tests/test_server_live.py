@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.server_fixtures import (
+from harness.testing.server import (
     Answer,
     backlog_order,
     balanced,

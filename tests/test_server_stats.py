@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from harness.testing.server import infer_body
 from reference_server.app import create_app, server_state
 from reference_server.config import ServerConfig
 from reference_server.faults import parse_faults
-from tests.server_fixtures import infer_body
 
 SIM = ServerConfig(model="sim", sim_base_ms=0.0, sim_item_ms=0.0, max_delay_ms=1.0)
 ROW = [float(i) for i in range(16)]
@@ -391,7 +391,7 @@ def test_stats_reports_show_the_split_per_stage() -> None:
     from harness.report.html import render_html
     from harness.report.summary import render_summary
     from harness.results import new_document
-    from tests.results_factory import scenario
+    from harness.testing.results import scenario
 
     stages = [
         {"name": n, "start_s": a, "end_s": b, "kind": "open", "rate_rps": 100.0, "users": None}
@@ -436,7 +436,7 @@ def _harness_run(out: Any, *server_args: str) -> dict[str, Any]:
     import subprocess
     import sys
 
-    from tests.locust_helpers import REPO, scenario_result
+    from harness.testing.locust_runs import REPO, scenario_result
 
     server = " ".join(shlex.quote(p) for p in [sys.executable, "-m", "reference_server"])
     cmd = f"{server} {' '.join(server_args)} --port {{port}}"
@@ -454,7 +454,7 @@ def _harness_run(out: Any, *server_args: str) -> dict[str, Any]:
 def _in_flight_bound(sc: dict[str, Any], name: str) -> float:
     """Requests that can be in flight at the stage's two edges (or sent between an edge and
     its read): the faster adjacent rate × (the slowest answer + the read's lag)."""
-    from tests.locust_helpers import hist
+    from harness.testing.locust_runs import hist
 
     max_s = hist(sc["latency_hdr"]).get_max_value() / 1e6
     stages = sc["stages"]
@@ -472,7 +472,7 @@ def _in_flight_bound(sc: dict[str, Any], name: str) -> float:
 
 @pytest.mark.slow
 def test_stats_real_run_splits_queue_and_compute_per_stage(tmp_path: Any) -> None:
-    from tests.detection_cases import ACCEPTANCE_SCENARIOS
+    from harness.testing.detection import ACCEPTANCE_SCENARIOS
 
     # the healthy integrity run of this session's quick acceptance (the default reference
     # server, 30 s), else one of our own

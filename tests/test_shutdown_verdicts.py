@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.checks import REGISTRY, Check, resolve_params
-from tests.results_factory import counters, hdr, scenario, stage
+from harness.testing.results import counters, hdr, scenario, stage
 
 
 def _run(check_id: str, sc: dict[str, Any], **params: Any) -> Check:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.checks import REGISTRY, Check, resolve_params
-from tests.results_factory import counters, hdr, scenario, stage
+from harness.testing.results import counters, hdr, scenario, stage
 
 Fn = Callable[[int], float]
 

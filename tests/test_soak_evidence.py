@@ -27,7 +27,7 @@ from harness.analysis import trend
 from harness.analysis.trend import TrendParams, leak_test, mann_kendall
 from harness.checks import validity
 from harness.checks.engine import validity_margins
-from tests.test_checks import MIB, failed, passed, run, skipped, soak_result
+from harness.testing.checks import MIB, failed, passed, run, skipped, soak_result
 
 T0 = 1_764_489_600.0
 

@@ -21,7 +21,7 @@ from harness.errors import TargetUnavailable
 from harness.load.preflight import TargetFacts, unsupported_reason
 from harness.load.scenario import load_scenario
 from harness.sut import AttachedSut, free_port, listener_pid
-from tests.server_fixtures import is_ready
+from harness.testing.server import is_ready
 
 REPO = Path(__file__).resolve().parent.parent
 

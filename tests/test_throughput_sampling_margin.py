@@ -2,7 +2,7 @@
 against itself, not against the nominal rate, so a healthy server fails it < 1 % of runs
 at any rate while a server that serves 90 % of what it is offered is still caught.
 
-The documents are synthetic (tests/results_factory.py), each a draw of what a 40 s open
+The documents are synthetic (harness/testing/reference_document.py), each a draw of what a 40 s open
 Poisson stage offers: ``scheduled ~ Poisson(rate × 40)`` and the server answers each
 request ok with a probability (healthy: 0.998, a stray failure now and then within
 steady.error_rate's 1 %; short: 0.90)."""
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.checks import REGISTRY, Check, resolve_params
-from tests.results_factory import counters, scenario, stage
+from harness.testing.results import counters, scenario, stage
 
 SECONDS = 40.0
 DRAWS = 2000

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.locust_helpers import REPO, SCENARIOS, run_locust, scenario_result, stop
-from tests.server_fixtures import free_port
-from tests.test_remote_deployment_options import make_certs, needs_openssl
+from harness.testing.locust_runs import REPO, SCENARIOS, run_locust, scenario_result, stop
+from harness.testing.server import free_port
+from harness.testing.tls import make_certs, needs_openssl
 
 pytestmark = [pytest.mark.slow, needs_openssl]
 

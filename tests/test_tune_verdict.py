@@ -4,7 +4,7 @@ ranked on a peak, never recommended), and a fastest configuration whose checklis
 is not recommended.
 
 Synthetic searches (``Tuner``'s measurement replaced) and synthetic checklist runs
-(``run_checklist`` replaced; its results documents from tests/results_factory.py): no
+(``run_checklist`` replaced; its results documents from harness/testing/reference_document.py): no
 server, no load."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _checklist(results: dict[str, tuple[int, list[str]]], ran: list[str]):
     and the checks that failed, written as that run's results.json (the factory's soak
     scenario: ``soak.rss_trend`` failed there for a leaking server, passed otherwise)."""
     from harness.results import write_document
-    from tests.results_factory import build_document
+    from harness.testing.reference_document import build_document
 
     def run(cmd: str, out_dir: Path, sut_cores: str | None) -> dict:
         k = next(k for k in EDGES if cmd.endswith(f"--b {k[2:]}"))

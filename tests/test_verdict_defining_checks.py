@@ -16,7 +16,7 @@ from harness.errors import ConfigError, ExitCode
 from harness.finish import exit_code_for, judge
 from harness.report.common import verdict_sentence
 from harness.results import new_document
-from tests.test_checks import counters, result
+from harness.testing.checks import counters, result
 
 REF = "python -m reference_server --port {port} --workers {threads}"
 

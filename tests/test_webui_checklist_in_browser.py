@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from harness.load.webui import _fmt
-from tests.locust_helpers import MECHANICS_CHECKLIST, REPO, locust_cmd, stop
+from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, locust_cmd, stop
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from harness.load import webui
 from harness.load.controller import next_run_dir
 from harness.load.live import _tail_rows, server_now
 from harness.load.options import options_from
-from tests.locust_helpers import REPO, locust_cmd
+from harness.testing.locust_runs import REPO, locust_cmd
 
 
 def _parsed(*argv: str) -> Any:
@@ -206,7 +206,7 @@ def test_a_headless_run_with_t_lasts_that_long(tmp_path: Path) -> None:
     results say so (Locust alone would ignore -t for a load shape)."""
     import sys
 
-    from tests.locust_helpers import run_locust, scenario_result
+    from harness.testing.locust_runs import run_locust, scenario_result
 
     server = (
         f"{sys.executable} -m reference_server --model mlp --port {{port}} --workers {{threads}}"

@@ -21,7 +21,8 @@ from harness.finish import PARENT_RENDERS_ENV, exit_code_for, finish
 from harness.load import plugin
 from harness.load.live import session_verdict
 from harness.results import SCHEMA, combine_verdicts, write_document
-from tests.results_factory import MACHINE, SUT, T0, build_document, check, scenario
+from harness.testing.reference_document import build_document
+from harness.testing.results import MACHINE, SUT, T0, check, scenario
 
 
 def _judged_run(

@@ -10,7 +10,7 @@ below (``@implements(id)``); defaults and their reasoning: docs/checks.md.
 Adding a check: its declaration in harness/catalog/__init__.py, its function here, its
 section in docs/checks.md, ``python -m harness.catalog --write`` for the generated tables
 (tests/test_catalog.py names what is missing), and a defect case that fails it in
-tests/detection_cases.py (tests/test_detection.py asks for one).
+harness/testing/detection_cases.py (tests/test_detection.py asks for one).
 """
 
 from __future__ import annotations

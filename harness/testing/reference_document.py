@@ -1,328 +1,51 @@
-"""Builders for realistic synthetic results documents (schema ``harness.results/1``).
-
-Reusable by any test that needs a results document: ``build_document()`` gives a complete,
+"""The reference synthetic results document: ``build_document()`` gives a complete,
 deterministic run of five scenarios (steady state, contention, linearity, soak, and an
 invalid spike run) with HDR histograms, windows, server series, per-thread CPU, chaos,
-linearity and contention data and checks that pass, fail and are skipped. The smaller
-builders (``hdr``, ``check``, ``scenario``…) let a test hand-build exactly what it needs.
+linearity and contention data and checks that pass, fail and are skipped.
 
 Regenerate the golden JUnit file (never the golden results of a released schema) with
-``python -m tests.results_factory --junit``.
+``python -m harness.testing.reference_document --junit``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from harness.results import SCHEMA
-
-T0 = 1764489600.0  # 2025-11-30T08:00:00Z: fixed so documents are reproducible
-MACHINE = {
-    "host": "ci-runner-1",
-    "cpu_count": 2,
-    "affinity": [0, 1],
-    "python": "3.11.7",
-    "platform": "Linux-6.1.0-x86_64-with-glibc2.36",
-    "harness_version": "0.1.0",
-}
-SUT = {
-    "target": "http://127.0.0.1:8000",
-    "pid": 4242,
-    "cmd": "python -m reference_server --port 8000 --model mlp --workers 1",
-    "model": "mlp",
-    "cores": [1],
-    "config": {"name": "reference_server", "version": "0.1.0", "max_batch_size": 32},
-}
-LOADGEN = {"cores": [0], "workers": 1, "locust_version": "2.47.0"}
-CLASSES = {
-    "high": {"priority": 1, "share": 0.2, "timeout_us": None},
-    "default": {"priority": 0, "share": 0.8, "timeout_us": None},
-}
-ERROR_KINDS = (
-    "http_503",
-    "http_500",
-    "timeout",
-    "connection",
-    "cross_wired",
-    "drift",
-    "id_mismatch",
+from harness.testing.results import (
+    CLASSES,
+    LOADGEN,
+    MACHINE,
+    SUT,
+    check,
+    counters,
+    hdr,
+    scenario,
+    stage,
 )
-
-
-def new_hdr() -> HdrHistogram:
-    return HdrHistogram(1, 60_000_000, 3)
-
-
-def hdr(latencies_us: Iterable[float]) -> str:
-    """Encode latencies (µs) as the document stores them: an HDR ``encode()`` string."""
-    h = new_hdr()
-    values, counts = np.unique(
-        np.clip(np.asarray(list(latencies_us), dtype=np.int64), 1, 60_000_000), return_counts=True
-    )
-    for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-        h.record_value(v, c)
-    return h.encode().decode("ascii")
-
-
-def scaled_hdr(encoded: str, factor: float) -> str:
-    """The same histogram with every latency multiplied by ``factor`` (a slower release)."""
-    src = HdrHistogram.decode(encoded.encode("ascii"))
-    out = new_hdr()
-    for item in src.get_recorded_iterator():
-        out.record_value(
-            max(1, int(item.value_iterated_to * factor)), item.count_added_in_this_iter_step
-        )
-    return out.encode().decode("ascii")
-
-
-def counters(
-    ok: int, failed: dict[str, int] | None = None, dropped: int = 0, in_flight: int = 0
-) -> dict[str, Any]:
-    fails = dict.fromkeys(ERROR_KINDS, 0)
-    fails.update(failed or {})
-    return {
-        "scheduled": ok + sum(fails.values()) + dropped + in_flight,
-        "ok": ok,
-        "dropped": dropped,
-        "in_flight": in_flight,
-        "failed": fails,
-    }
-
-
-def check(
-    id: str,
-    passed: bool | None,
-    value: float | None = None,
-    threshold: float | None = None,
-    op: str = "<=",
-    unit: str = "",
-    n: int | None = None,
-    detail: str = "",
-    skipped: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": id,
-        "passed": passed,
-        "value": value,
-        "threshold": threshold,
-        "op": op,
-        "unit": unit,
-        "n": n,
-        "detail": detail,
-        "skipped": skipped,
-    }
-
-
-def scenario(name: str, duration_s: float, **fields: Any) -> dict[str, Any]:
-    """A scenario result with every documented key; ``fields`` override the defaults."""
-    sc: dict[str, Any] = {
-        "name": name,
-        "file": f"scenarios/{name}.toml",
-        "mode": "quick",
-        "started_unix": T0,
-        "duration_s": duration_s,
-        "partial": False,
-        "capacity_rps": None,
-        "check_config": {},
-        "time_to_ready_s": None,
-        "stages": [],
-        "classes": CLASSES,
-        "counters": counters(0),
-        "by_class": {},
-        "by_stage": {},
-        "windows": {"width_s": 1.0, "rows": []},
-        "first_requests": None,
-        "dispatch_lag_hdr": None,
-        "error_latency_hdr": None,
-        "integrity": None,
-        "linearity": None,
-        "contention": None,
-        "chaos": [],
-        "server": None,
-        "system": None,
-        "metrics": None,
-        "checks": [],
-        "validity": [],
-        "verdict": None,
-    }
-    sc.update(fields)
-    return sc
-
-
-# --- traffic simulation --------------------------------------------------------------
-
-
-def _simulate(
-    rng: np.random.Generator,
-    duration_s: int,
-    rate_rps: Callable[[int], float],
-    median_ms: Callable[[int, str], float],
-    errors: Callable[[int, str], dict[str, int]] | None = None,
-) -> tuple[dict[str, Any], list[np.ndarray], dict[str, list[np.ndarray]]]:
-    """Per-second windows for each class; returns (windows, all-latency chunks, by class)."""
-    rows: list[dict[str, Any]] = []
-    by_class: dict[str, list[np.ndarray]] = {c: [] for c in CLASSES}
-    for t in range(duration_s):
-        for cls, meta in CLASSES.items():
-            n = int(rng.poisson(rate_rps(t) * meta["share"]))
-            errs = {k: v for k, v in (errors(t, cls) if errors else {}).items() if v}
-            ok = max(n - sum(errs.values()), 0)
-            lat_ms = rng.lognormal(math.log(median_ms(t, cls)), 0.35, size=ok)
-            lat_us = np.clip(lat_ms * 1000.0, 1, None)
-            by_class[cls].append(lat_us)
-            row: dict[str, Any] = {"t": float(t), "class": cls, "n": n, "ok": ok, "errors": errs}
-            if ok:
-                p50, p90, p99 = np.percentile(lat_ms, [50, 90, 99])
-                row.update(
-                    p50_ms=round(float(p50), 3),
-                    p90_ms=round(float(p90), 3),
-                    p99_ms=round(float(p99), 3),
-                    max_ms=round(float(lat_ms.max()), 3),
-                )
-            else:
-                row.update(p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
-            rows.append(row)
-    chunks = [c for v in by_class.values() for c in v]
-    return {"width_s": 1.0, "rows": rows}, chunks, by_class
-
-
-def _class_results(
-    rows: list[dict[str, Any]], by_class: dict[str, list[np.ndarray]]
-) -> dict[str, Any]:
-    out = {}
-    for cls, chunks in by_class.items():
-        mine = [r for r in rows if r["class"] == cls]
-        failed: dict[str, int] = {}
-        for r in mine:
-            for k, v in r["errors"].items():
-                failed[k] = failed.get(k, 0) + v
-        ok = sum(r["ok"] for r in mine)
-        out[cls] = {
-            "counters": counters(ok, failed),
-            "latency_hdr": hdr(np.concatenate(chunks) if chunks else []),
-        }
-    return out
-
-
-def stage(
-    name: str, start: float, end: float, rate: float | None = 100.0, **kw: Any
-) -> dict[str, Any]:
-    """A stage record of an open-loop stage (``kw`` adds or overrides fields)."""
-    return {
-        "name": name,
-        "start_s": start,
-        "end_s": end,
-        "kind": "open",
-        "rate_rps": rate,
-        "users": None,
-        **kw,
-    }
-
-
-def _by_stage(
-    rows: list[dict[str, Any]], by_class: dict[str, list[np.ndarray]], stages: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Per-stage, per-class counters and histograms (chunk i of a class is second i)."""
-    out = {}
-    for st in stages:
-        lo, hi = int(st["start_s"]), int(st["end_s"])
-        mine = [r for r in rows if lo <= r["t"] < hi]
-        out[st["name"]] = _class_results(mine, {c: chunks[lo:hi] for c, chunks in by_class.items()})
-    return out
-
-
-def _total_counters(by_class: dict[str, Any]) -> dict[str, Any]:
-    ok = sum(v["counters"]["ok"] for v in by_class.values())
-    failed: dict[str, int] = {}
-    for v in by_class.values():
-        for k, n in v["counters"]["failed"].items():
-            failed[k] = failed.get(k, 0) + n
-    return counters(ok, failed)
-
-
-def _server(
-    rng: np.random.Generator,
-    duration_s: int,
-    rss_mib: Callable[[int], float],
-    threads: Callable[[int], int],
-    fds: Callable[[int], int] | None,
-    cpu_pct: Callable[[int], float],
-    pid: int = SUT["pid"],
-) -> dict[str, Any]:
-    ts = list(range(duration_s))
-    series = {
-        "t": [float(t) for t in ts],
-        "rss_bytes": [int(rss_mib(t) * 2**20 + rng.normal(0, 0.3) * 2**20) for t in ts],
-        "uss_bytes": [int(rss_mib(t) * 0.9 * 2**20) if t % 10 == 0 else None for t in ts],
-        "threads": [threads(t) for t in ts],
-        "fds": [fds(t) if fds else None for t in ts],
-        "cpu_pct": [round(float(max(cpu_pct(t) + rng.normal(0, 3), 0)), 1) for t in ts],
-        "late_s": [round(float(abs(rng.normal(0, 0.002))), 4) for t in ts],
-    }
-    top = []
-    for tid, name, share in (
-        (pid, "python", 0.55),
-        (pid + 3, "batcher", 0.3),
-        (pid + 4, "http-worker", 0.1),
-    ):
-        cpu = [
-            round(float(max(series["cpu_pct"][i] * share + rng.normal(0, 1), 0)), 1)
-            for i in range(duration_s)
-        ]
-        top.append(
-            {
-                "tid": tid,
-                "name": name,
-                "cpu_pct_mean": round(float(np.mean(cpu)), 2),
-                "cpu_pct_max": float(max(cpu)),
-                "wait_pct_mean": round(float(share * 4), 2),
-                "cswch_s_mean": round(200 * share, 1),
-                "nvcswch_s_mean": round(10 * share, 1),
-                "series": {"t": series["t"], "cpu_pct": cpu},
-            }
-        )
-    return {
-        "pid": pid,
-        "interval_s": 1.0,
-        "ticks": duration_s,
-        "missed_ticks": 0,
-        "series": series,
-        "threads_top": top,
-    }
-
-
-def _system(
-    rng: np.random.Generator, duration_s: int, busy: Callable[[int], float]
-) -> dict[str, Any]:
-    ts = [float(t) for t in range(duration_s)]
-    c0 = [round(float(min(busy(t) + rng.normal(0, 4), 100)), 1) for t in range(duration_s)]
-    c1 = [round(float(min(busy(t) * 0.8 + rng.normal(0, 4), 100)), 1) for t in range(duration_s)]
-    return {
-        "series": {
-            "t": ts,
-            "cpu_pct": [round((a + b) / 2, 1) for a, b in zip(c0, c1, strict=True)],
-            "loadgen_cpu_pct": [round(float(30 + rng.normal(0, 3)), 1) for _ in ts],
-            "per_core": [c0, c1],
-        }
-    }
-
-
-# --- the five scenarios of the reference document -------------------------------------
+from harness.testing.traffic import (
+    by_stage,
+    class_results,
+    server_record,
+    simulate,
+    system_record,
+    total_counters,
+)
 
 
 def steady_state(rng: np.random.Generator) -> dict[str, Any]:
     dur = 40
-    windows, chunks, by_cls = _simulate(
+    windows, chunks, by_cls = simulate(
         rng, dur, lambda t: 200.0, lambda t, c: 2.5 if c == "high" else 3.0
     )
     stages = [stage("steady", 0, dur, 200.0)]
-    by_class = _class_results(windows["rows"], by_cls)
-    tot = _total_counters(by_class)
+    by_class = class_results(windows["rows"], by_cls)
+    tot = total_counters(by_class)
     n = tot["ok"]
     p99 = HdrHistogram.decode(hdr(np.concatenate(chunks))).get_value_at_percentile(99) / 1000
     return scenario(
@@ -338,7 +61,7 @@ def steady_state(rng: np.random.Generator) -> dict[str, Any]:
         stages=stages,
         counters=tot,
         by_class=by_class,
-        by_stage=_by_stage(windows["rows"], by_cls, stages),
+        by_stage=by_stage(windows["rows"], by_cls, stages),
         windows=windows,
         dispatch_lag_hdr=hdr(rng.exponential(150, size=2000)),
         error_latency_hdr=hdr([]),
@@ -352,8 +75,8 @@ def steady_state(rng: np.random.Generator) -> dict[str, Any]:
             "pool": 128,
             "examples": [],
         },
-        server=_server(rng, dur, lambda t: 180.0, lambda t: 9, lambda t: 24, lambda t: 60.0),
-        system=_system(rng, dur, lambda t: 55.0),
+        server=server_record(rng, dur, lambda t: 180.0, lambda t: 9, lambda t: 24, lambda t: 60.0),
+        system=system_record(rng, dur, lambda t: 55.0),
         checks=[
             check(
                 "steady.p99_ms", True, round(p99, 2), 50, "<=", "ms", n, "p99 well inside the SLO"
@@ -395,15 +118,15 @@ def contention(rng: np.random.Generator) -> dict[str, Any]:
         share = CLASSES[cls]["share"]
         return {"http_503": int(rng.poisson(0.58 * 180 * share))} if hog(t) else {}
 
-    windows, chunks, by_cls = _simulate(
+    windows, chunks, by_cls = simulate(
         rng,
         dur,
         lambda t: 180.0,
         lambda t, c: (7.5 if hog(t) else 3.0) * (0.8 if c == "high" else 1.0),
         errs,
     )
-    by_class = _class_results(windows["rows"], by_cls)
-    tot = _total_counters(by_class)
+    by_class = class_results(windows["rows"], by_cls)
+    tot = total_counters(by_class)
     stages = [
         {
             "name": "baseline",
@@ -442,7 +165,7 @@ def contention(rng: np.random.Generator) -> dict[str, Any]:
         stages=stages,
         counters=tot,
         by_class=by_class,
-        by_stage=_by_stage(windows["rows"], by_cls, stages),
+        by_stage=by_stage(windows["rows"], by_cls, stages),
         windows=windows,
         dispatch_lag_hdr=hdr(rng.exponential(200, size=2000)),
         error_latency_hdr=hdr(rng.lognormal(math.log(800), 0.3, size=300)),
@@ -466,10 +189,10 @@ def contention(rng: np.random.Generator) -> dict[str, Any]:
                 "error": None,
             }
         ],
-        server=_server(
+        server=server_record(
             rng, dur, lambda t: 175.0, lambda t: 9, lambda t: 24, lambda t: 35.0 if hog(t) else 60.0
         ),
-        system=_system(rng, dur, lambda t: 95.0 if hog(t) else 50.0),
+        system=system_record(rng, dur, lambda t: 95.0 if hog(t) else 50.0),
         checks=[
             check(
                 "contention.throughput_ratio",
@@ -555,9 +278,9 @@ def linearity(rng: np.random.Generator) -> dict[str, Any]:
 
 def soak(rng: np.random.Generator) -> dict[str, Any]:
     dur = 120
-    windows, chunks, by_cls = _simulate(rng, dur, lambda t: 150.0, lambda t, c: 3.0 + t / 400)
+    windows, chunks, by_cls = simulate(rng, dur, lambda t: 150.0, lambda t, c: 3.0 + t / 400)
     stages = [stage("soak", 0, dur, 150.0)]
-    by_class = _class_results(windows["rows"], by_cls)
+    by_class = class_results(windows["rows"], by_cls)
     return scenario(
         "soak",
         float(dur),
@@ -569,11 +292,11 @@ def soak(rng: np.random.Generator) -> dict[str, Any]:
             "soak.latency_drift": {},
         },
         stages=stages,
-        counters=_total_counters(by_class),
+        counters=total_counters(by_class),
         by_class=by_class,
-        by_stage=_by_stage(windows["rows"], by_cls, stages),
+        by_stage=by_stage(windows["rows"], by_cls, stages),
         windows=windows,
-        server=_server(
+        server=server_record(
             rng,
             dur,
             lambda t: 150.0 + 3.1 * t / 60,
@@ -581,7 +304,7 @@ def soak(rng: np.random.Generator) -> dict[str, Any]:
             None,
             lambda t: 50.0,
         ),
-        system=_system(rng, dur, lambda t: 45.0),
+        system=system_record(rng, dur, lambda t: 45.0),
         checks=[
             check(
                 "soak.rss_trend",
@@ -627,13 +350,13 @@ def invalid_spike(rng: np.random.Generator) -> dict[str, Any]:
     def spiking(t: int) -> bool:
         return 5 <= t < 10
 
-    windows, chunks, by_cls = _simulate(
+    windows, chunks, by_cls = simulate(
         rng, dur, lambda t: 900.0 if spiking(t) else 200.0, lambda t, c: 3.0
     )
-    by_class = _class_results(windows["rows"], by_cls)
-    tot = _total_counters(by_class)
+    by_class = class_results(windows["rows"], by_cls)
+    tot = total_counters(by_class)
     tot["scheduled"] += 312  # sent by the scheduler, never completed nor counted as dropped
-    system = _system(rng, dur, lambda t: 90.0 if spiking(t) else 50.0)
+    system = system_record(rng, dur, lambda t: 90.0 if spiking(t) else 50.0)
     system["series"]["loadgen_cpu_pct"] = [
         97.0 if spiking(int(t)) else v
         for t, v in zip(system["series"]["t"], system["series"]["loadgen_cpu_pct"], strict=True)
@@ -716,7 +439,7 @@ if __name__ == "__main__":
     from harness.report.junit import render_junit
     from harness.results import load_document, write_document
 
-    data = Path(__file__).parent / "data"
+    data = Path(__file__).resolve().parents[2] / "tests" / "data"
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument(
         "--results",

@@ -1,4 +1,7 @@
-"""Run ``locust -f locustfiles/inference.py`` as real subprocesses, stopped by pid."""
+"""Run ``locust -f locustfiles/inference.py`` as real subprocesses, stopped by pid.
+
+Paths are the source checkout's (the locustfile and the test scenarios under tests/data):
+these helpers run from a clone, as the tests and the benchmarks do."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = str(REPO / "locustfiles" / "inference.py")
 SCENARIOS = REPO / "tests" / "data" / "scenarios_load"
 # relaxes only the dispatch-lag validity limit; see the file's header
