@@ -2,8 +2,8 @@
 
 The catalog drives the registry, the ids the scenario format accepts, the checklist order
 and the generated docs (README's check table, docs/checks.md's index); these tests pin
-the stable ids once, keep the generated docs current, and show that adding a check is one
-declaration plus one function.
+every check id once (a golden list), keep the generated docs current, and show that adding
+a check is one declaration plus one function.
 """
 
 from __future__ import annotations
@@ -27,37 +27,56 @@ from harness.testing.checks import counters, result
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The ids results, checklists and scenario files refer to, in checklist order. Pinned here
-# and nowhere else: removing or renaming one breaks every document that names it. A new
-# check needs no edit here.
-STABLE_IDS = (
-    "cold_start.time_to_ready_s",
-    "cold_start.first_p99_ratio",
+# Every check id the catalog declares, sorted: the ids results, checklists and scenario
+# files refer to. Pinned here and nowhere else, so adding, removing or renaming a check is
+# a deliberate edit of this list (removing or renaming one breaks every document that
+# names it).
+CHECK_IDS_GOLDEN = (
+    "accounting.balanced",
     "cold_start.first_error_rate",
-    "steady.p99_ms",
-    "steady.error_rate",
-    "steady.throughput",
-    "spike.recovery_s",
-    "spike.fail_fast",
-    "priority.high_p99_ms",
-    "priority.high_reject_rate",
-    "soak.rss_trend",
-    "soak.threads_trend",
-    "soak.fds_trend",
-    "soak.latency_drift",
-    "linearity.efficiency",
-    "integrity.mismatches",
-    "contention.throughput_ratio",
+    "cold_start.first_p99_ratio",
+    "cold_start.time_to_ready_s",
     "contention.fail_fast",
     "contention.recovery_s",
-    "accounting.balanced",
+    "contention.throughput_ratio",
+    "crash.cold_penalty",
+    "crash.errors_after_ready",
+    "crash.recovery_s",
+    "freeze.recovery_s",
+    "freeze.resource_step",
+    "freeze.unanswered",
+    "integrity.failures",
+    "integrity.mismatches",
+    "linearity.efficiency",
+    "network.latency_amplification",
+    "network.leaks",
+    "network.recovery_s",
+    "priority.high_p99_ms",
+    "priority.high_reject_rate",
+    "shutdown.exit_s",
+    "shutdown.lost",
+    "soak.error_rate",
+    "soak.fds_trend",
+    "soak.latency_drift",
+    "soak.rss_trend",
+    "soak.threads_trend",
+    "spike.fail_fast",
+    "spike.recovery_s",
+    "steady.error_rate",
+    "steady.p99_ms",
+    "steady.throughput",
 )
 
 
-def test_no_stable_check_id_was_removed_renamed_or_reordered() -> None:
-    missing = [cid for cid in STABLE_IDS if cid not in CATALOG]
-    assert not missing, f"check ids removed or renamed from harness/catalog: {missing}"
-    assert [cid for cid in CATALOG.ids if cid in STABLE_IDS] == list(STABLE_IDS)
+def test_the_catalogs_check_ids_are_the_golden_list() -> None:
+    assert list(CHECK_IDS_GOLDEN) == sorted(CHECK_IDS_GOLDEN), "keep the golden list sorted"
+    declared = sorted(CATALOG.ids)
+    assert len(declared) == len(set(declared)), "a check id is declared twice"
+    added = sorted(set(declared) - set(CHECK_IDS_GOLDEN))
+    gone = sorted(set(CHECK_IDS_GOLDEN) - set(declared))
+    assert declared == list(CHECK_IDS_GOLDEN), (
+        f"check ids added {added} / removed or renamed {gone}: edit CHECK_IDS_GOLDEN"
+    )
 
 
 def test_every_layer_takes_its_check_ids_from_the_catalog() -> None:
