@@ -197,7 +197,7 @@ def test_knee_of_a_hockey_stick() -> None:
 
 # --- tune ---------------------------------------------------------------------------------
 
-from harness.peak.runner import PeakConfig  # noqa: E402
+from harness.peak.config import PeakConfig  # noqa: E402
 from harness.peak.tune import (  # noqa: E402
     STATE,
     Space,
@@ -432,7 +432,7 @@ def test_a_rank_is_judged_on_every_outcome_not_on_one_miss_that_mets_contradict(
     }
     assert standing([d, b8, w2], 0.1) == {"32/5/1": 1, "8/5/1": 2, "32/5/2": 2}
     # the table says what the rank was judged on where it is not [L, U]
-    from harness.peak.report import _tune_rows
+    from harness.report.tune import _tune_rows
 
     rows = {row[1]: row for row in _tune_rows({"ranked": rank([d, b8, w2], 0.1)})}
     assert "ranked on every outcome: met up to 196.3, missed from 318.9" in rows["32/5/2"][-1]
@@ -524,8 +524,8 @@ def test_quick_mode_climbs_on_from_every_configuration_it_could_not_separate(
 
 
 def test_tune_report_marks_shared_ranks_and_names_the_tie_with_the_winner() -> None:
-    from harness.peak.report import _tune_rows, tune_sentence
     from harness.peak.tune import tied_with
+    from harness.report.tune import _tune_rows, tune_sentence
 
     ranked = rank(_TUNE_2, 0.1)
     tune = {
@@ -659,7 +659,7 @@ def test_an_interrupted_tune_reports_what_it_measured_and_recommends_nothing(
     too, as a resumed tune's would), says it was interrupted and recommends nothing — a
     climb that did not finish has not found the best configuration. Control: the same tune
     finished recommends one."""
-    from harness.peak.report import tune_html, tune_markdown
+    from harness.report.tune import tune_html, tune_markdown
 
     sp = _space()
     calls: list[str] = []
@@ -795,7 +795,7 @@ def test_bad_input_exits_2_in_one_line_before_load(argv, tmp_path, capsys) -> No
 
 def test_point_scenario_is_a_warmup_then_a_judged_open_loop_stage(tmp_path) -> None:
     from harness.load.scenario import load_scenario
-    from harness.peak.runner import point_scenario
+    from harness.peak.config import point_scenario
 
     cfg = PeakConfig(slo_p99_ms=80.0, confidence=0.99, max_error_rate=0.02, warmup_s=2.0)
     path = tmp_path / "p.toml"
@@ -847,7 +847,7 @@ def _sc(checks, validity=(), **extra):
 
 
 def test_classify_reads_the_runs_own_judgement() -> None:
-    from harness.peak.runner import classify
+    from harness.peak.point import classify
 
     cfg = PeakConfig(slo_p99_ms=40.0)
     ok = [("steady.p99_ms", True, None), ("steady.error_rate", True, None)]
@@ -870,7 +870,7 @@ def test_classify_reads_the_runs_own_judgement() -> None:
 def test_a_search_with_every_point_invalid_is_no_verdict_not_none_met() -> None:
     """Every point invalid is no evidence: the estimate says the generator was the limit
     (exit 3), never "no rate met the SLO" (exit 1, a verdict it did not measure)."""
-    from harness.peak.runner import exit_code as peak_exit
+    from harness.peak.answer import exit_code as peak_exit
 
     s = PeakSearch(SearchParams(start_rps=300.0, repeats=3))
     for _ in range(INVALID_TRIES):
@@ -890,8 +890,8 @@ def test_a_configuration_never_validly_measured_is_not_ranked_pruned_or_passed(
     """A configuration whose every point was invalid has no peak (not 0 req/s): it ranks
     after every measured one, prunes nothing, the climb goes on past it, and the tune exits
     3 naming it — its recommendation is the best of the rest, not an earned answer."""
-    from harness.peak.report import tune_markdown, tune_sentence
     from harness.peak.tune import exit_code as tune_exit
+    from harness.report.tune import tune_markdown, tune_sentence
 
     sp = _space()
     best = max(sp.all(), key=_landscape)
@@ -1051,7 +1051,7 @@ def test_a_close_separation_made_by_slow_minutes_is_not_reproduced_head_to_head(
     assert h2h["better"] == "mb=32,d=5" and h2h["worse"] == "mb=32,d=20" and not h2h["stands"]
     # the far separations (2 x) were not measured again
     assert not any(k.startswith("mb=8") for k, _, _ in at)
-    from harness.peak.report import tune_markdown
+    from harness.report.tune import tune_markdown
 
     md = tune_markdown({"tune": summary})
     assert "## Head to head" in md and "not reproduced — not separated" in md

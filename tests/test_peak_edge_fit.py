@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from harness.peak.runner import headline_peak
+from harness.peak.answer import headline_peak
 from harness.peak.search import (
     EDGE_CI,
     INVALID_TRIES,
@@ -181,7 +181,8 @@ def test_repeats_interval_falls_short_of_its_nominal_confidence_on_a_gradual_edg
 def _doc(s: PeakSearch, precision: float | None) -> dict:
     import time
 
-    from harness.peak.runner import PeakConfig, new_peak_document, summarize
+    from harness.peak.answer import new_peak_document, summarize
+    from harness.peak.config import PeakConfig
 
     cfg = PeakConfig(slo_p99_ms=150.0, precision=precision)
     doc = new_peak_document({"kind": "synthetic"})
@@ -192,8 +193,8 @@ def _doc(s: PeakSearch, precision: float | None) -> dict:
 def test_the_report_states_the_fitted_interval_and_the_repeats_band() -> None:
     """What summary.md / report.html say: the peak, its 95 % interval and what it is, and
     [L, U] as what the repeats showed; without the refine phase, [L, U] and no percent."""
-    from harness.peak.report import peak_html, peak_markdown, peak_sentence
-    from harness.peak.runner import exit_code
+    from harness.peak.answer import exit_code
+    from harness.report.peak import peak_html, peak_markdown, peak_sentence
 
     s = _drive(_search(0.15), _noisy(25.0, 1))
     doc = _doc(s, 0.15)
@@ -216,8 +217,8 @@ def test_the_report_states_the_fitted_interval_and_the_repeats_band() -> None:
 
 
 def test_every_point_invalid_reports_no_verdict() -> None:
-    from harness.peak.report import peak_sentence
-    from harness.peak.runner import exit_code
+    from harness.peak.answer import exit_code
+    from harness.report.peak import peak_sentence
 
     s = _search(0.15)
     for _ in range(INVALID_TRIES):

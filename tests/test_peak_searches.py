@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from harness.peak.runner import PeakConfig, headline_peak, summarize
+from harness.peak.answer import headline_peak, summarize
+from harness.peak.config import PeakConfig
 from harness.peak.search import PeakSearch, Point, SearchParams, fit_edge, searches_interval
 from harness.testing.peak import drive as _drive
 
@@ -92,8 +93,8 @@ def _section(edge: float, k: int, seed: int, pid: int) -> dict:
 
 
 def test_combined_searches_report_the_mean_the_t_interval_and_each_search() -> None:
-    from harness.peak.report import peak_html, peak_markdown, peak_sentence
-    from harness.peak.runner import combine_searches, exit_code, new_peak_document
+    from harness.peak.answer import combine_searches, exit_code, new_peak_document
+    from harness.report.peak import peak_html, peak_markdown, peak_sentence
 
     cfg = PeakConfig(slo_p99_ms=150.0, searches=3)
     sections = [_section(e, i + 1, i, 100 + i) for i, e in enumerate((390.0, 400.0, 420.0))]
@@ -121,8 +122,8 @@ def test_combined_searches_report_the_mean_the_t_interval_and_each_search() -> N
 def test_a_search_without_an_answer_is_the_runs_answer() -> None:
     """A peak averaged over the searches that happened to finish would pass what was not
     measured: one search cut short makes the run's answer "no peak" (exit 3)."""
-    from harness.peak.report import peak_sentence
-    from harness.peak.runner import combine_searches, exit_code
+    from harness.peak.answer import combine_searches, exit_code
+    from harness.report.peak import peak_sentence
 
     cfg = PeakConfig(slo_p99_ms=150.0, searches=3)
     good = _section(400.0, 1, 1, 100)
@@ -149,8 +150,8 @@ def test_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monkeypatch)
     judge = _lifetime(400.0, 25.0, 3)
 
     def fake_point(cfg, target, out_dir, index, rate, longer, show, interrupt) -> Point:
-        assert psutil.pid_exists(target.pid)
-        seen.append((target.pid, rate))
+        assert psutil.pid_exists(target.target.sut_pid)
+        seen.append((target.target.sut_pid, rate))
         if rate is None:  # the first point calibrates
             return Point(300.0, "met", capacity_rps=600.0)
         return judge(rate, longer)
@@ -195,11 +196,11 @@ def test_a_tunes_repeats_each_run_on_a_fresh_server(tmp_path, monkeypatch) -> No
     seen: list[tuple[int, float]] = []
 
     def fake_point(cfg, target, out_dir, index, rate, longer, show, interrupt) -> Point:
-        assert psutil.pid_exists(target.pid)
-        if target.pid not in pids:
-            pids.append(target.pid)
-        seen.append((target.pid, rate))
-        edge = 250.0 if pids.index(target.pid) == 1 else 300.0
+        assert psutil.pid_exists(target.target.sut_pid)
+        if target.target.sut_pid not in pids:
+            pids.append(target.target.sut_pid)
+        seen.append((target.target.sut_pid, rate))
+        edge = 250.0 if pids.index(target.target.sut_pid) == 1 else 300.0
         return Point(rate, "met" if rate <= edge else "missed", p99_ms=100.0)
 
     monkeypatch.setattr(runner, "run_point", fake_point)

@@ -13,7 +13,9 @@ import pytest
 
 from harness.errors import ExitCode
 from harness.peak import runner
-from harness.peak.runner import PeakConfig, classify, exit_text
+from harness.peak.answer import summarize
+from harness.peak.config import PeakConfig
+from harness.peak.point import classify, exit_text
 from harness.peak.search import PeakSearch, Point, SearchParams
 
 CRASH_RPS = 300.0  # the simulated server meets the SLO below this rate and dies at it
@@ -54,7 +56,7 @@ def test_a_server_that_dies_during_a_point_fails_the_peak_search(tmp_path, monke
     a server that was gone — and a server that came back (a supervisor's restart) got a
     peak and exit 0. Now: exit 1, the cause, the rate and the point in the answer, the
     points measured so far written, nothing measured after the death."""
-    from harness.peak.report import peak_sentence
+    from harness.report.peak import peak_sentence
 
     fake, seen = _server_dying_at(CRASH_RPS)
     doc, code = _peak(tmp_path, monkeypatch, fake)
@@ -94,7 +96,11 @@ def test_the_managed_servers_own_exit_status_names_the_crash(tmp_path, monkeypat
     @contextlib.contextmanager
     def started(**kw):
         gone = lambda: "the server exited (signal 9, SIGKILL)" if dead["now"] else None  # noqa: E731
-        yield runner.Target("http://127.0.0.1:9", 4242), gone, {"pid": 4242, "cmd": "srv"}
+        yield (
+            runner.RunSettings(target=runner.Target(url="http://127.0.0.1:9", sut_pid=4242)),
+            gone,
+            {"pid": 4242, "cmd": "srv"},
+        )
 
     monkeypatch.setattr(runner, "target_for", started)
     doc, code = _peak(tmp_path, monkeypatch, point)
@@ -117,7 +123,11 @@ def test_a_server_found_dead_between_points_fails_the_search(tmp_path, monkeypat
             calls["n"] += 1
             return "the server exited (code 1)" if calls["n"] > 4 else None
 
-        yield runner.Target("http://127.0.0.1:9", 4242), gone, {"pid": 4242, "cmd": "srv"}
+        yield (
+            runner.RunSettings(target=runner.Target(url="http://127.0.0.1:9", sut_pid=4242)),
+            gone,
+            {"pid": 4242, "cmd": "srv"},
+        )
 
     monkeypatch.setattr(runner, "target_for", started)
     doc, code = _peak(tmp_path, monkeypatch, fake)
@@ -129,7 +139,7 @@ def test_a_server_found_dead_between_points_fails_the_search(tmp_path, monkeypat
 def test_one_of_several_searches_crashing_fails_the_run(tmp_path, monkeypatch) -> None:
     """`--searches 3`: the second search's server dies; the run fails (exit 1) naming the
     search, with the first search's section and points written."""
-    from harness.peak.report import peak_sentence
+    from harness.report.peak import peak_sentence
 
     dirs: list = []  # one points directory per search
 
@@ -204,7 +214,7 @@ def test_a_crash_during_the_edge_repeats_leaves_no_peak_in_the_answer() -> None:
     ]  # fmt: skip
     s = PeakSearch(runner._params(cfg, 100.0), pts)
     why = s.next_step().why
-    peak = runner.summarize(cfg, s, why, started=0.0, extra={})
+    peak = summarize(cfg, s, why, started=0.0, extra={})
     assert peak["peak_rps"] is None and peak["estimate"]["limit"] == "server_exit"
     assert peak["band_rps"] == [225.0, 281.25]  # what the points before showed, kept
     assert runner.exit_code(peak) == ExitCode.FAIL
@@ -217,8 +227,8 @@ def test_a_tune_configuration_whose_server_crashes_is_failed_ranked_below_never_
     at 600 req/s. Before, its peak (450) ranked first and it was recommended (exit 0). Now
     it is "failed: crashed at 600.0 req/s", ranked below every measured configuration, and
     the next one is recommended; a resumed tune reads it back failed."""
-    from harness.peak.report import _tune_rows, tune_sentence
     from harness.peak.tune import FAILED, Space, TuneConfig, Tuner, exit_code, key
+    from harness.report.tune import _tune_rows, tune_sentence
 
     template = "srv --port {port} --b {b}"
     sp = Space.parse(["b=1,2,3"], template)
@@ -263,8 +273,8 @@ def test_a_tune_configuration_whose_server_crashes_is_failed_ranked_below_never_
 def test_a_tune_where_every_server_crashes_fails(tmp_path) -> None:
     """No configuration measured because each one's server died: the tune fails (exit 1)
     with one sentence naming each crash — not "invalid"."""
-    from harness.peak.report import tune_sentence
     from harness.peak.tune import Space, TuneConfig, Tuner, exit_code
+    from harness.report.tune import tune_sentence
 
     template = "srv --port {port} --b {b}"
     sp = Space.parse(["b=1,2"], template)
@@ -293,8 +303,8 @@ def test_a_server_that_dies_in_a_head_to_head_round_fails_its_configuration(tmp_
     the better side's server dies at the rate it had held, that configuration failed — it
     is ranked below and not recommended, the rounds end, and the report says why (not "not
     reproduced"). Control: the same rounds with no crash leave it first."""
-    from harness.peak.report import head_to_head_lines
     from harness.peak.tune import FAILED, Space, TuneConfig, Tuner, key
+    from harness.report.tune import head_to_head_lines
 
     template = "srv --port {port} --b {b}"
     sp = Space.parse(["b=1,2"], template)

@@ -159,7 +159,7 @@ def test_a_head_to_head_point_runs_on_a_server_of_its_own(tmp_path) -> None:
     left running, its log named by its lifetime."""
     import psutil
 
-    from harness.peak.runner import PeakConfig
+    from harness.peak.config import PeakConfig
     from harness.peak.tune import Space, TuneConfig, Tuner
 
     template = (

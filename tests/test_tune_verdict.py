@@ -16,8 +16,7 @@ import pytest
 
 from harness.errors import ExitCode
 from harness.peak import tune
-from harness.peak.report import _tune_rows, tune_markdown, tune_sentence
-from harness.peak.runner import PeakConfig
+from harness.peak.config import PeakConfig
 from harness.peak.search import INVALID_TRIES, Point
 from harness.peak.tune import (
     MEASURED,
@@ -28,6 +27,7 @@ from harness.peak.tune import (
     config_result,
     key,
 )
+from harness.report.tune import _tune_rows, tune_markdown, tune_sentence
 
 TEMPLATE = "srv --port {port} --b {b}"
 SPACE = Space.parse(["b=1,2,3"], TEMPLATE)
@@ -94,7 +94,7 @@ def _run(tmp_path, monkeypatch, checklist: dict | None, special=None, max_points
     monkeypatch.setattr(Tuner, "_measure", _searches(special))
     monkeypatch.setattr(Tuner, "_measure_at", lambda *a: pytest.fail("no head to head here"))
     if checklist is not None:
-        monkeypatch.setattr(tune, "run_checklist", _checklist(checklist, ran))
+        monkeypatch.setattr(tune.verdict, "run_checklist", _checklist(checklist, ran))
     doc, code = tune.run_tune(
         _tc(max_points), tmp_path, checklist=checklist is not None, show=lambda t: None
     )

@@ -23,6 +23,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from hdrh.histogram import HdrHistogram
 
 from harness.analysis import hdr
+from harness.results.peak_records import PeakSection, TuneSection
 
 Verdict = Literal["pass", "fail", "invalid", "not_judged"]
 
@@ -403,6 +404,8 @@ class Document(TypedDict):
     not_run: NotRequired[list[str]]
     # check ids and scenario names whose skip or absence the user accepted (--allow-skip)
     allow_skip: NotRequired[list[str]]
+    peak: NotRequired[PeakSection]  # harness peak (harness.results.peak_records)
+    tune: NotRequired[TuneSection]  # harness tune
 
 
 # --- derived numbers stored in the document ------------------------------------------
