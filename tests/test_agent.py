@@ -1,4 +1,4 @@
-"""``harness agent`` (issue 13): a real agent in this process on a loopback port, real
+"""``harness agent``: a real agent in this process on a loopback port, real
 processes paused and hogged through it. Token, allow-list, the lease that undoes chaos
 when the master goes quiet, clock-offset math, and samples copied back unchanged."""
 

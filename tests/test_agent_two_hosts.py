@@ -1,4 +1,4 @@
-"""Two hosts without a second machine (issue 13): two Linux network namespaces joined by a
+"""Two hosts without a second machine: two Linux network namespaces joined by a
 veth pair. The "server host" runs the reference server and ``harness agent``; the "load
 host" runs a Locust master and one worker that reach the server only across the link,
 with ``--agent``. A short soak and a contention scenario run across the link; each must

@@ -1,4 +1,4 @@
-"""Issue 12 (part A), real runs: the Locust process SIGKILLed mid-freeze — no handler,
+"""Freeze, real runs: the Locust process SIGKILLed mid-freeze — no handler,
 atexit or finally of the harness runs. An attached server is left running and serving (the
 pause's undo guard continued it); a server the harness started is continued and stopped by
 its own guard; the sampler stops with its harness either way."""

@@ -1,4 +1,4 @@
-"""Issue 13: a second real V2 server in the suite, one this project did not write.
+"""A second real V2 server in the suite, one this project did not write.
 
 KServe's Python model server (``kserve`` from PyPI) serves the numpy MLP of
 tests/servers/kserve_numpy.py. It runs from a venv of its own (kserve pins a psutil the

@@ -1,10 +1,10 @@
-"""Issue 9, items 6–8: no latency or integrity PASS that leaves the bad requests out.
+"""No latency or integrity PASS that leaves the bad requests out.
 
-* 6 — the p99 SLO checks rank every failed, timed-out or dropped request above every
+* the p99 SLO checks rank every failed, timed-out or dropped request above every
   success (goodput), so a server cannot pass by failing its slowest requests;
-* 7 — the cold-start checks judge the first requests *sent*, whatever their outcome, not
+* the cold-start checks judge the first requests *sent*, whatever their outcome, not
   the first ok answers to come back (``cold_start.first_error_rate`` is new);
-* 8 — drift beyond the tolerance fails ``integrity.mismatches`` unless the checklist
+* drift beyond the tolerance fails ``integrity.mismatches`` unless the checklist
   declares the model nondeterministic.
 
 Each test builds the synthetic result that passed before the fix.
@@ -76,7 +76,7 @@ def fast(n: int, seed: int = 0) -> list[float]:
     return list(np.clip(rng.lognormal(np.log(25), 0.25, n), 15, 60))
 
 
-# --- item 6: failed requests count against the latency SLO ----------------------------------
+# --- failed requests count against the latency SLO -------------------------------------------
 
 
 def test_steady_p99_counts_failed_and_dropped_requests_as_over_the_slo() -> None:
@@ -147,7 +147,7 @@ def test_high_p99_counts_the_high_class_failures() -> None:
     assert c.value == math.inf and "30 of 1000" in c.detail and "successful-only" in c.detail
 
 
-# --- item 7: cold start judges the first requests sent, whatever their outcome --------------
+# --- cold start judges the first requests sent, whatever their outcome ----------------------
 
 
 def first_doc(rec: Recording) -> dict[str, Any]:
@@ -265,7 +265,7 @@ def test_first_error_rate_passes_a_clean_start_and_skips_without_evidence() -> N
     assert REGISTRY["cold_start.first_error_rate"].defaults["threshold"] == 0.01
 
 
-# --- item 8: drift beyond tolerance is a wrong answer -----------------------------------------
+# --- drift beyond tolerance is a wrong answer -------------------------------------------------
 
 
 def test_integrity_fails_drift_unless_the_model_is_declared_nondeterministic() -> None:

@@ -87,6 +87,6 @@ def test_refused_connection_is_a_connection_failure() -> None:
 
 def test_only_http_urls() -> None:
     assert http.split_url("http://127.0.0.1:8000/prefix/") == ("127.0.0.1", 8000, "/prefix")
-    assert http.split_url("https://example.com") == ("example.com", 443, "")  # issue 13
+    assert http.split_url("https://example.com") == ("example.com", 443, "")
     with pytest.raises(ConfigError, match="--host"):
         http.split_url("ftp://example.com")

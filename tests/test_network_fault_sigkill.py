@@ -1,4 +1,4 @@
-"""Issue 12 (network): SIGKILL of the Locust process in the middle of a network fault.
+"""Network faults: SIGKILL of the Locust process in the middle of a network fault.
 
 No atexit hook or signal handler runs on SIGKILL: the fault proxy must notice by itself
 (EOF on its control pipe) and go, freeing its port and closing the connections it held,

@@ -1,4 +1,4 @@
-"""Issue 12 (network): the fault proxy process, the ``network`` action, the evidence rule
+"""Network faults: the fault proxy process, the ``network`` action, the evidence rule
 and the two network checks on measured records.
 
 The proxy tests run the real proxy process against a real echo server on loopback and

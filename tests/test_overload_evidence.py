@@ -1,9 +1,9 @@
-"""Issue 9 — no PASS without evidence, for the overload checks.
+"""No PASS without evidence, for the overload checks.
 
-Item 2: the chaos must have happened (a validity rule) and the contention checks judge
-the hog intervals that really ran. Item 5: recovery needs both p99 and the error rate
+The chaos must have happened (a validity rule) and the contention checks judge
+the hog intervals that really ran. Recovery needs both p99 and the error rate
 back in band, and is "not exercised" (skipped) when the event disturbed neither.
-Item 10: fail-fast's timing bound is a sound upper bound over the judged window.
+Fail-fast's timing bound is a sound upper bound over the judged window.
 
 Each test here reproduces a false PASS (or a misleading verdict) of the old code
 on a synthetic scenario result; the new analysis APIs are imported inside the tests so
@@ -72,7 +72,7 @@ def failed_hog() -> dict[str, Any]:
     )
 
 
-# --- item 2: the chaos never happened ---------------------------------------------------
+# --- the chaos never happened ----------------------------------------------------------
 
 
 def test_a_hog_that_failed_makes_the_run_invalid_not_a_pass() -> None:
@@ -238,7 +238,7 @@ def test_a_real_hog_records_its_cpu_and_affinity() -> None:
     assert cpu >= MIN_HOG_CPU_FRACTION * ran, (cpu, ran)
 
 
-# --- item 5: recovery was never exercised ------------------------------------------------
+# --- recovery was never exercised -------------------------------------------------------
 
 
 def test_recovery_that_was_never_exercised_is_skipped() -> None:
@@ -316,7 +316,7 @@ def test_recovery_time_needs_both_series_in_band() -> None:
     assert gap.disturbed is True
 
 
-# --- item 10: fail-fast's timing bound ----------------------------------------------------
+# --- fail-fast's timing bound ------------------------------------------------------------
 
 
 def fail_fast_spike(window_errors: dict[str, int], failure_times_us: list[float]):

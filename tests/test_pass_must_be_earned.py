@@ -1,4 +1,4 @@
-"""Issue 9, item 1 (and the exit-code mapping of item 12): a PASS must be earned.
+"""A PASS must be earned (and what is knowable before load is checked before load).
 
 Each test reproduces a false PASS (or a hidden failure) of the old verdict rules on a
 hand-built scenario result and asserts the new behaviour.
@@ -120,7 +120,7 @@ def test_excluded_scenarios_are_named_and_reported_as_skipped() -> None:
     assert case is not None and case.find("skipped") is not None
 
 
-# --- item 12: everything knowable before load is checked before load ----------------------
+# --- everything knowable before load is checked before load -------------------------------
 
 REF = f"{sys.executable} -m reference_server --port {{port}}"
 

@@ -1,4 +1,4 @@
-"""Issue 13 (part A): servers on other hosts — ``--header``, ``https://`` with ``--ca-cert`` /
+"""Servers on other hosts — ``--header``, ``https://`` with ``--ca-cert`` /
 ``--insecure``, ``--metrics-url``, and ``compare`` matching machines on the CPU.
 
 Fast tests on real loopback sockets: a gevent server (plain or TLS, with a throwaway CA made

@@ -1,4 +1,4 @@
-"""Issue 12 (part A): freeze, crash-restart and rolling shutdown — the actions against real
+"""Freeze, crash-restart and rolling shutdown — the actions against real
 processes (pause with its undo guard, terminate), the evidence rule, the bands, and the
 checks on hand-built results whose numbers say what each check must conclude."""
 

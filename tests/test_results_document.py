@@ -1,4 +1,4 @@
-"""Issue 10: one owner of the results document.
+"""One owner of the results document.
 
 One histogram codec with one None rule, one percentile rule shared by the window rows,
 the checks and the report, one USL fit stored in the document and plotted from there,

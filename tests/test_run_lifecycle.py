@@ -1,4 +1,4 @@
-"""Issue 10: the run lifecycle is a checked state machine, master/worker messages are
+"""The run lifecycle is a checked state machine, master/worker messages are
 declared once, and a worker's error crosses the wire as its exit code.
 
 Fast and in-process: the Locust runners are stand-ins (subclasses, so the plugin's
@@ -297,8 +297,8 @@ def test_master_sends_one_typed_plan_per_worker_in_worker_index_order(tmp_path: 
 
 
 def test_worker_result_format_error_exits_2_on_the_master(tmp_path: Path, monkeypatch) -> None:
-    """Before issue 10 the master matched the class name "ConfigError" and exited 1 for
-    any other worker error; a ResultFormatError is a usage error (errors.py): exit 2."""
+    """The master once matched the class name "ConfigError" and exited 1 for any
+    other worker error; a ResultFormatError is a usage error (errors.py): exit 2."""
     # the worker: its plan cannot be used (here: the scenario it names is unreadable)
     worker = FakeWorker()
     worker_state = HarnessState(environment(worker), options(tmp_path))

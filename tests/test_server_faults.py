@@ -188,7 +188,7 @@ def test_stall_holds_the_gil_periodically() -> None:
         assert worst > 0.25 and worst > 10 * median, (worst, median)
 
 
-# -- defects of another shape (issue 6: the checks must generalise) ------------------
+# -- defects of another shape (the checks must generalise) ---------------------------
 
 
 def test_new_fault_params_defaults_and_errors() -> None:

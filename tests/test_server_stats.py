@@ -1,4 +1,4 @@
-"""Issue 13: Triton's statistics extension (``GET /v2/models/{m}/stats``).
+"""Triton's statistics extension (``GET /v2/models/{m}/stats``).
 
 The reference server serves it from its batcher's counters; the harness reads it at the
 edges of every stage and stores a queue-time vs compute-time split per stage

@@ -1,4 +1,4 @@
-"""Issue 9, "No PASS without evidence": the sampler's evidence, the soak checks' verdicts,
+"""No PASS without evidence: the sampler's evidence, the soak checks' verdicts,
 and the generator-saturation rule.
 
 Each test reproduces a false PASS (or a false failure) the old code gave:
@@ -67,7 +67,7 @@ def test_a_healthy_sampled_run_is_valid() -> None:
     assert validity(sampled()) == []
 
 
-# --- item 3: the sampler died or missed most of the run ------------------------------------
+# --- the sampler died or missed most of the run --------------------------------------------
 
 
 def test_sampler_with_no_samples_is_invalid(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_without_a_sampler_the_workers_cpu_time_still_judges_saturation() -> Non
     assert validity(sc) == []
 
 
-# --- item 4: an inconclusive leak fails a full run -------------------------------------------
+# --- an inconclusive leak fails a full run ---------------------------------------------------
 
 
 def inconclusive_rss() -> dict[str, Any]:
@@ -183,7 +183,7 @@ def test_inconclusive_leak_fails_a_full_run() -> None:
     failed(run("soak.rss_trend", {**sc, "mode": "quick"}, inconclusive_fails=True))
 
 
-# --- item 9: the harness's own connections are not the server's leak --------------------------
+# --- the harness's own connections are not the server's leak ----------------------------------
 
 
 def _pool_growth(seconds: int = 600, leak_per_min: float = 0.0, seed: int = 2) -> dict:
@@ -323,7 +323,7 @@ def test_client_conns_reach_the_results(tmp_path: Path) -> None:
     assert server["log_tail"] is None
 
 
-# --- item 11: generator saturation per process ------------------------------------------------
+# --- generator saturation per process ---------------------------------------------------------
 
 
 def test_one_saturated_worker_beside_an_idle_one_is_invalid() -> None:

@@ -1,4 +1,4 @@
-"""Issue 12: crash_restart against a server the harness did not start. Killed, it is
+"""crash_restart against a server the harness did not start. Killed, it is
 started again by its supervisor (systemd's Restart=, Kubernetes, a restart loop); the
 harness waits for the new process on the server's port, follows it (pid, sampler) and
 judges the crash checks as for a server it restarted itself."""

@@ -1,4 +1,4 @@
-"""Issue 13 (part A), end to end: real Locust runs against the reference server over
+"""End to end: real Locust runs against the reference server over
 https (uvicorn's own TLS, a throwaway CA) behind a bearer-token check.
 
 The server answers 401 to any request without the token, so ``ok > 0`` proves the header

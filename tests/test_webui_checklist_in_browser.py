@@ -1,4 +1,4 @@
-"""Issue 11: the checklist in Locust's web UI, driven by a real browser.
+"""The checklist in Locust's web UI, driven by a real browser.
 
 Debian's ``chromium`` and ``chromium-driver`` (installed by ``.ci/run`` with apt) run
 headless under Selenium. Each test starts ``locust -f locustfiles/inference.py`` with its

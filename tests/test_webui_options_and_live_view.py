@@ -1,4 +1,4 @@
-"""Issue 11, the parts below the browser: Locust's -t/-u/-r against a scenario, the start
+"""The web UI's parts below the browser: Locust's -t/-u/-r against a scenario, the start
 form's text typed like argparse, run directories that never overwrite, the live view's
 reading of sampler files being written, and the tab's rows."""
 
