@@ -117,6 +117,13 @@ def test_combined_searches_report_the_mean_the_t_interval_and_each_search() -> N
     md = peak_markdown(doc)
     assert "## Searches" in md and f"| 2 | {sections[1]['peak_rps']:.1f} |" in md
     assert "<h2>Searches</h2>" in peak_html(doc)
+    # doc["peak"] is a typed record of the published schema, not an open object
+    from tests.conftest import assert_valid_results
+
+    assert_valid_results(doc, "a peak document of three searches")
+    bad = {**doc, "peak": {**peak, "interval_from": "guessed"}}
+    with pytest.raises(AssertionError, match="interval_from"):
+        assert_valid_results(bad)
 
 
 def test_a_search_without_an_answer_is_the_runs_answer() -> None:

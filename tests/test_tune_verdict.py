@@ -98,6 +98,9 @@ def _run(tmp_path, monkeypatch, checklist: dict | None, special=None, max_points
     doc, code = tune.run_tune(
         _tc(max_points), tmp_path, checklist=checklist is not None, show=lambda t: None
     )
+    from tests.conftest import assert_valid_results
+
+    assert_valid_results(doc, "a tune document")  # doc["tune"]: the schema's TuneSection
     return doc["tune"], code, ran
 
 

@@ -128,26 +128,21 @@ def standing(results: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str
     was measured better than share rank 1, and so on: the search resolves peaks to its
     tolerance (it stops bisecting a bracket that narrow, and the table ties peaks that
     close), so two whose evidence overlaps, or is apart by less than that, are not
-    separated, and the table says so ("=3") instead of ordering them on noise. Not at
-    zero margin: a tune separated 32/20/2 from 8/5/1 at one rate (322 req/s, met in all
-    three of one's server lifetimes, missed in all four of the other's) and the next tune,
-    whose lifetimes of 32/20/2 held only 246, could not — an order finer than the search's
-    own resolution is one set of server lifetimes, not the configurations. Judged on every outcome, not on [L, U] alone: a search out of
-    points can leave U on one miss that mets above it contradict (a tune ranked 32/5/2
-    below 8/5/1 on one miss at 220.8 req/s by 0.4 ms — 32/5/2 had met at 245, 270 and 294
-    — and the next tune could not separate them). A configuration that never missed (no
-    ``missed_from``) has no one measured better. One that met the SLO nowhere (peak 0, no
-    point met: it missed everywhere the search looked, and the tune stops looking below its
-    floor, so its edge is not resolved) is out of the running: every configuration that
-    held the SLO somewhere is better than it. One whose repeats met somewhere but missed at
-    every rate it measured (peak 0 too: p99 hovering at the SLO over a range of rates, no
-    rate met in every repeat) has its edge inside what was measured, not below the floor:
-    it is judged like any other, on where it missed in every outcome (a tune put 32/5/2,
-    met at 159.8–199.8 req/s in some lifetimes and missed there in others, with the planted
-    no-batching regression at the bottom; the other tune of the pair, and every tune
-    before, had it with the configurations it is within the resolution of). One with
-    every point invalid (peak None) has no rank; nor has one not measured or failed
-    (``status``): ``rank`` places those."""
+    separated, and the table says so ("=3") instead of ordering them on noise; an order
+    finer than the search's own resolution is one set of server lifetimes, not the
+    configurations. Judged on every outcome, not on [L, U] alone: a search out of points
+    can leave U on one miss that mets above it contradict.
+
+    A configuration that never missed (no ``missed_from``) has no one measured better. One
+    that met the SLO nowhere (peak 0, no point met: it missed everywhere the search looked,
+    and the tune stops looking below its floor, so its edge is not resolved) is out of the
+    running: every configuration that held the SLO somewhere is better than it. One whose
+    repeats met somewhere but missed at every rate it measured (peak 0 too: p99 hovering at
+    the SLO over a range of rates, no rate met in every repeat) has its edge inside what was
+    measured, not below the floor: it is judged like any other, on where it missed in every
+    outcome. One with every point invalid (peak None) has no rank; nor has one not measured
+    or failed (``status``): ``rank`` places those. The tunes that showed why each rule is
+    needed: docs/peak.md, "Measurements"."""
     measured = [r for r in results if status(r) == MEASURED]
     ev = {r["key"]: evidence(r) for r in measured}
     out: dict[str, int] = {}
@@ -177,10 +172,8 @@ def contested(
     missed it, the list of (better one, the rate it held, the rate r missed from). Those
     decide the recommendation and where the climb goes on from, and they are the ones a
     drift over minutes can make: a configuration's points run back to back, so a few slow
-    minutes land on one configuration's whole evidence (a tune separated the reference
-    server's default, which held 510.6 req/s, from 32/20/1, which missed 449.3 in three
-    server lifetimes — 14 % apart, with the server using 32 % more CPU per request than in
-    the next tune, where 32/20/1 met 451.1 in all six). A separation wider than ``band``
+    minutes land on one configuration's whole evidence (measured: docs/peak.md, "Head to
+    head"). A separation wider than ``band``
     on every side is not contested: a configuration that far below is a dominated
     direction to the climb as well (``TuneConfig.prune_margin``)."""
     measured = [r for r in results if status(r) == MEASURED]

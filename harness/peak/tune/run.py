@@ -92,10 +92,9 @@ class Tuner(HeadToHeadRounds):
         runs on one server until its next point would judge a rate that server already
         judged, then a new server is started and it goes on (``runner.NEW_LIFETIME``). A
         configuration's peak moves between server lifetimes by more than one lifetime's
-        repeats show — 32/5/2 of the reference server held 204.6 req/s and missed at 242.9
-        in one tune, held 301.6 in the next — and two tunes then ordered it against its
-        neighbours in opposite ways; with its repeats spread over lifetimes, [L, U] and the
-        rank hold that move. A resumed search starts a new lifetime."""
+        repeats show (docs/peak.md, "Each repeat on a fresh server"); with its repeats spread
+        over lifetimes, [L, U] and the rank hold that move. A resumed search starts a new
+        lifetime."""
         lifetime = max((p.lifetime or 0 for p in points), default=0)
         first = lifetime + 1
         while True:
@@ -243,8 +242,8 @@ class Tuner(HeadToHeadRounds):
         are measured or pruned. Where the search separates one best configuration this is
         the classic hill climb (model_analyzer's quick mode); where it does not (two peaks
         inside each other's evidence), the climb goes on from each of them, not from the
-        one whose peak came out higher by chance — two tunes of the same space otherwise
-        explored different regions after a 5 % coin toss between tied configurations."""
+        one whose peak came out higher by chance (which would send two tunes of the same
+        space into different regions)."""
         expanded: set[str] = set()
         origin = self.evaluate(self.tc.default, None)
         while origin is not None:
