@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.agent.client import AgentClient, RemoteSut  # noqa: E402
-from harness.agent.server import cpu_model  # noqa: E402
+from harness.primitives import cpu_model  # noqa: E402
 from harness.sut import free_port  # noqa: E402
 
 SERVER = """

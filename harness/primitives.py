@@ -6,12 +6,15 @@
 - ``trapped_signals``: SIGINT and SIGTERM call a handler for the body of a ``with``
   instead of killing the process (the run then stops cleanly and writes what it
   measured); the handlers before are back on every exit path.
+- ``cpu_model``: the machine's CPU model name, read the same way by the results document
+  (``machine.cpu_model``) and by the agent (its ``/info``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import signal
 import tempfile
 import threading
@@ -51,16 +54,30 @@ def atomic_write(
 @contextlib.contextmanager
 def trapped_signals(
     handler: Callable[[int], Any], signals: tuple[int, ...] = STOP_SIGNALS
-) -> Iterator[None]:
+) -> Iterator[dict[int, Any]]:
     """For the body, each of ``signals`` calls ``handler(signum)`` instead of its handler
     before; those are restored on every exit path. Outside the main thread (where Python
-    cannot set handlers) the signals are left alone."""
+    cannot set handlers) the signals are left alone. Yields the handlers before, by
+    signal (empty outside the main thread), for a handler that chains to them."""
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in signals:
             previous[sig] = signal.signal(sig, lambda signum, _frame: handler(signum))
     try:
-        yield
+        yield previous
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU's model name (Linux ``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("model name", "Model", "cpu model"):
+                    return " ".join(value.split()) or None
+    except OSError:
+        pass
+    return platform.processor() or None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
+import io
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from typing import Any
 from harness.chaos.base import Action
 from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
 from harness.errors import ConfigError, HarnessError, TargetUnavailable
+from harness.primitives import atomic_write
 
 log = logging.getLogger("harness.agent")
 
@@ -208,9 +210,7 @@ class RemoteSampler:
         for name, data in files:
             local = self.out / name
             if name == "sampler.json":
-                tmp = local.with_suffix(".json.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, local)
+                atomic_write(local, data)
             else:
                 with open(local, "ab") as f:
                     f.write(data)
@@ -309,10 +309,9 @@ def not_here(samples: Path) -> None:
     for row in rows[1:]:
         if i < len(row):
             row[i] = ""
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows(rows)
-    os.replace(tmp, path)
+    text = io.StringIO()
+    csv.writer(text).writerows(rows)
+    atomic_write(path, text.getvalue())
 
 
 class RemoteSut:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import io
 import json
 import os
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from harness.collectors.loop import TickLoop
 from harness.collectors.system import SystemSampler, loadgen_pids, run_pids
+from harness.primitives import atomic_write, trapped_signals
 
 META = "loadgen.json"
 
@@ -45,13 +46,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    with trapped_signals(lambda _signum: stop.set()):
+        return _sample(out, args.loadgen_pid, args.interval, stop)
+
+
+def _sample(out: Path, pids: list[int], interval: float, stop: threading.Event) -> int:
+    """Sample this host's CPU into ``out`` every ``interval`` s until ``stop`` is set or
+    the master (this process's parent) is gone."""
     # the run on this host is the master's tree (by ancestry): the rest is another tenant's
-    system = SystemSampler(
-        out, loadgen_pids=loadgen_pids(args.loadgen_pid), run_pids=run_pids(args.loadgen_pid)
-    )
-    loop = TickLoop(args.interval, stop=stop)
+    system = SystemSampler(out, loadgen_pids=loadgen_pids(pids), run_pids=run_pids(pids))
+    loop = TickLoop(interval, stop=stop)
     t0 = loop.start()
     system.baseline(time.monotonic() - t0)
     (out / META).write_text(json.dumps({"started_unix": loop.stats.started_unix}))
@@ -137,10 +141,9 @@ def merge(samples: Path, local: Path, offset_s: float, tolerance_s: float = 0.75
 
 
 def _write(path: Path, rows: list[list[str]]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows(rows)
-    os.replace(tmp, path)
+    text = io.StringIO()
+    csv.writer(text).writerows(rows)
+    atomic_write(path, text.getvalue())
 
 
 if __name__ == "__main__":

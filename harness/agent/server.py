@@ -25,7 +25,6 @@ import hmac
 import itertools
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -46,6 +45,7 @@ from harness.chaos.base import Action
 from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
 from harness.collectors.child import sample_command, start_sample, stop_sample
 from harness.errors import ConfigError, HarnessError
+from harness.primitives import cpu_model, trapped_signals
 
 API = "/v1"
 DEFAULT_LEASE_S = 10.0
@@ -94,17 +94,6 @@ class AgentConfig:
         if not self.lease_s > 0:
             raise ConfigError(f"--lease has value {self.lease_s}; expected seconds > 0")
         return self
-
-
-def cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def _netns() -> str | None:
@@ -561,21 +550,21 @@ def serve(config: AgentConfig, ready: Callable[[str], None] | None = None) -> in
         atexit.unregister(agent.shutdown)
         raise
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int) -> None:
         agent.shutdown(signal.Signals(signum).name)
         threading.Thread(target=httpd.shutdown, daemon=True).start()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    agent.start_lease()
-    host, port = httpd.server_address[:2]
-    if ready is not None:
-        ready(f"http://{host}:{port}")
     try:
-        httpd.serve_forever(poll_interval=0.5)
+        with trapped_signals(on_signal):
+            agent.start_lease()
+            host, port = httpd.server_address[:2]
+            if ready is not None:
+                ready(f"http://{host}:{port}")
+            try:
+                httpd.serve_forever(poll_interval=0.5)
+            finally:
+                agent.shutdown("exit")
+                httpd.server_close()
     finally:
-        agent.shutdown("exit")
-        httpd.server_close()
-        for s, h in previous.items():
-            signal.signal(s, h)
         atexit.unregister(agent.shutdown)
     return 0

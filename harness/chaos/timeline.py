@@ -10,6 +10,7 @@ Event until the next due time, never sleeping longer than needed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import heapq
 import signal
 import threading
@@ -24,6 +25,7 @@ from harness.chaos.pause import Pause
 from harness.chaos.proxy import NetworkFault
 from harness.chaos.terminate import Terminate
 from harness.errors import ConfigError
+from harness.primitives import trapped_signals
 
 ActionFactory = Callable[[ChaosTarget, dict[str, Any]], Action]
 
@@ -106,6 +108,8 @@ class Timeline:
         self._revert_lock = threading.RLock()
         self._active: dict[int, Action] = {}  # record index → applied, not yet reverted
         self._thread: threading.Thread | None = None
+        # the signal trap while armed, and the handlers it replaced (chained to)
+        self._trap: contextlib.ExitStack | None = None
         self._prev_handlers: dict[int, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -145,22 +149,21 @@ class Timeline:
         self.t0 = self.clock() if t0 is None else t0
         atexit.register(self.revert_all, "exit")
         if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
+            self._trap = contextlib.ExitStack()
+            self._prev_handlers = self._trap.enter_context(trapped_signals(self._on_signal))
 
     def _disarm(self) -> None:
         atexit.unregister(self.revert_all)
-        if self._prev_handlers and threading.current_thread() is threading.main_thread():
-            for sig, h in self._prev_handlers.items():
-                signal.signal(sig, h)
-            self._prev_handlers.clear()
+        if self._trap is not None and threading.current_thread() is threading.main_thread():
+            self._trap.close()  # the handlers before are back
+            self._trap, self._prev_handlers = None, {}
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int) -> None:
         self.stop_event.set()
         self.revert_all(signal.Signals(signum).name)
         prev = self._prev_handlers.get(signum)
         if callable(prev):
-            prev(signum, frame)
+            prev(signum, None)  # the interrupted frame is not passed on
         elif prev == signal.SIG_IGN:
             return
         elif signum == signal.SIGINT:

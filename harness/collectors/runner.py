@@ -22,6 +22,7 @@ from harness.collectors.metrics import DEFAULT_EXCLUDE, DEFAULT_MATCH, MetricsSc
 from harness.collectors.process import HZ, ProcessSampler
 from harness.collectors.system import SystemSampler, loadgen_pids, run_pids
 from harness.errors import ConfigError, TargetUnavailable
+from harness.primitives import atomic_write
 
 SAMPLER_SCHEMA = "harness.sampler/1"
 
@@ -233,9 +234,7 @@ class SamplingSession:
             },
             "summary": None if running else _summary(self.process),
         }
-        tmp = self.out / "sampler.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, self.out / "sampler.json")
+        atomic_write(self.out / "sampler.json", json.dumps(meta, indent=2))
         return meta
 
 

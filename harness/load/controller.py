@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -47,6 +46,7 @@ from harness.load.side_tasks import SideTasks
 from harness.load.sut_control import SutControl
 from harness.load.users import Engine, Plan
 from harness.load.wire import REPORT_KEY, ErrorInfo, FinalMessage, ReportMessage, WireFormatError
+from harness.primitives import atomic_write
 
 if TYPE_CHECKING:
     from locust.env import Environment
@@ -65,9 +65,7 @@ S = RunState
 
 def replace_text(path: Path, text: str) -> None:
     """Write ``path`` whole, never half: a reader sees the old text or the new."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 class HarnessState:

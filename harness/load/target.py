@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.errors import ConfigError, HarnessError, TargetUnavailable
 from harness.load import http, integrity, payloads
+from harness.primitives import atomic_write
 
 log = logging.getLogger("harness.load")
 
@@ -127,10 +128,7 @@ def keep_golden(path: Path, key: dict[str, Any] | None, golden: integrity.Golden
     run killed mid-write leaves the previous file or none)."""
     if key is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"key": key, "golden": integrity.golden_to_wire(golden)}))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"key": key, "golden": integrity.golden_to_wire(golden)}))
 
 
 def cpu_s() -> float:

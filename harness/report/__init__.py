@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.primitives import atomic_write
 from harness.results import load_document
 
 RESULTS_FILE = "results.json"
@@ -22,9 +23,7 @@ HTML_FILE = "report.html"
 
 def _write(path: Path, text: str) -> Path:
     # Same temp-and-replace as results.json: a CI step reading the file never sees half of it.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text)
     return path
 
 

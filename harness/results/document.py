@@ -18,14 +18,12 @@ misread the new one; keep a golden file of every version in ``tests/data/``):
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import math
 import os
 import platform
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 
 from harness import __version__
 from harness.errors import ResultFormatError
+from harness.primitives import atomic_write, cpu_model
 from harness.results.records import Document, with_usl
 
 SCHEMA_NAME = "harness.results"
@@ -49,19 +48,6 @@ _UPGRADES: dict[int, Callable[[dict], dict]] = {}
 # judged nothing, and "pass" needs every part to have passed. See docs/checks.md.
 VERDICTS: tuple[str, ...] = ("fail", "invalid", "not_judged", "pass")
 _VERDICT_RANK = {v: len(VERDICTS) - i for i, v in enumerate(VERDICTS)}
-
-
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
-    """The CPU's model name (Linux ``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() in ("model name", "Model", "cpu model"):
-                    return " ".join(value.split()) or None
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def cpu_governor(
@@ -157,22 +143,9 @@ def write_document(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path
     or the new one, never a torn write, so a killed run leaves a usable partial file.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps(doc)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        # mkstemp creates 0600; results are shared artefacts (CI uploads, other users).
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        # Don't leave half-written temp files next to the results on any failure.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    # mode 0644: results are shared artefacts (CI uploads, other users); fsync: they
+    # must survive a power cut
+    atomic_write(target, dumps(doc), mode=0o644, fsync=True)
     return target
 
 
