@@ -61,7 +61,7 @@ def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
             else:
                 assert c["passed"] is True, c
     # the server and the generator ran apart: the server on its cores, Locust and its
-    # sampler on the rest (harness.acceptance.core_split)
+    # sampler on the rest (harness.locust_run.core_split)
     if len(os.sched_getaffinity(0)) > 1:
         assert doc["sut"]["cores"] and doc["loadgen"]["cores"], (doc["sut"], doc["loadgen"])
         assert set(doc["sut"]["cores"]).isdisjoint(doc["loadgen"]["cores"])

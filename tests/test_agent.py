@@ -319,8 +319,8 @@ def test_agent_options_and_token_stay_home(tmp_path) -> None:
     travels to workers nor onto a command line."""
     import argparse
 
-    from harness.acceptance import Target
     from harness.load.options import Options, options_from
+    from harness.locust_run import Target
 
     def parsed(**kw) -> argparse.Namespace:
         base = dict(

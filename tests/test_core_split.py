@@ -1,6 +1,6 @@
 """The server the harness starts and its load generator run on different cores.
 
-``harness.acceptance.core_split`` picks them (``--sut-cores`` as given, else the default
+``harness.locust_run.core_split`` picks them (``--sut-cores`` as given, else the default
 split); ``harness run``/``acceptance`` pin the Locust process to the generator's cores and
 tell it the server's; ``harness peak`` does the same for its points. The real runs are in
 tests/test_acceptance_e2e.py (the quick checklist: the server's and the generator's
@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from harness import acceptance, cli
-from harness.acceptance import core_split
+from harness import cli, locust_run
+from harness.cli.run import plan_from
+from harness.locust_run import core_split
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_one_core_is_shared(monkeypatch) -> None:
 def _plan(argv: list[str]):
     parser = cli.build_parser()
     args = parser.parse_args(["run", "steady_state", *argv])
-    return cli._plan(args, [args.scenario], "out")
+    return plan_from(args, (args.scenario,), "out")
 
 
 def test_run_pins_the_generator_and_tells_locust_the_servers_cores(four_cores) -> None:
@@ -60,23 +61,19 @@ def test_the_locust_process_runs_on_the_generators_cores(tmp_path, monkeypatch) 
     """run_one's child (here a stand-in for Locust that prints its own affinity) gets the
     plan's generator cores before it execs, so every thread it starts inherits them."""
     monkeypatch.setattr(
-        acceptance,
+        locust_run,
         "scenario_argv",
-        lambda plan, name, out: [
+        lambda settings, name, out: [
             sys.executable,
             "-c",
             "import os; print(sorted(os.sched_getaffinity(0)))",
         ],
     )
     cores = (min(os.sched_getaffinity(0)),)
-    plan = acceptance.Plan(
-        scenarios=("steady_state",),
-        mode="quick",
-        out_dir=tmp_path,
-        target=acceptance.Target(url="http://127.0.0.1:1"),
-        loadgen_cores=cores,
+    settings = locust_run.RunSettings(
+        target=locust_run.Target(url="http://127.0.0.1:1"), loadgen_cores=cores
     )
-    with acceptance._Interrupt() as interrupt:
-        run = acceptance.run_one(plan, "steady_state", 1, 1, interrupt, lambda s: None)
+    stop = locust_run.StopFlag()
+    run = locust_run.run_one(settings, tmp_path, "steady_state", 1, 1, stop, lambda s: None)
     assert run.returncode == 0
     assert (tmp_path / "steady_state" / "locust.log").read_text().strip() == str(list(cores))

@@ -67,20 +67,30 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
         "harness.finish",
         frozenset({"harness.checks", "harness.report", "harness.results", "harness.errors"}),
     ),
+    # one scenario as one `locust -f --headless` subprocess: what acceptance and peak share
     (
-        "harness.acceptance",
+        "harness.locust_run",
         frozenset(
-            {"harness.finish", "harness.results", "harness.load", "harness.checks"}
-            | {"harness.errors", "harness.sut"}
+            {"harness.finish", "harness.results", "harness.load", "harness.errors", "harness.sut"}
         ),
     ),
-    # `harness peak` / `harness tune` drive whole runs (harness.acceptance's
-    # run_one) and read their judged results; they render their own summary and report
+    # `harness peak` / `harness tune` drive whole runs (harness.locust_run's run_one)
+    # and read their judged results; they render their own summary and report
     (
         "harness.peak",
         frozenset(
-            {"harness.acceptance", "harness.results", "harness.analysis", "harness.report"}
+            {"harness.locust_run", "harness.results", "harness.analysis", "harness.report"}
             | {"harness.errors", "harness.sut"}
+        ),
+    ),
+    # the plan (checked with the agent, --capacity=peak searched first), its scenarios in
+    # order, retries, merge, finish
+    (
+        "harness.acceptance",
+        frozenset(
+            {"harness.locust_run", "harness.finish", "harness.results", "harness.load"}
+            | {"harness.checks", "harness.errors", "harness.sut", "harness.agent"}
+            | {"harness.peak"}
         ),
     ),
     ("harness.cli", None),  # type: ignore[arg-type]  # the top: everything
@@ -94,7 +104,7 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
 
 # What "the package" of an imported name is, for the contract (the first two parts,
 # except the top-level modules of harness, which are their own layer).
-_TOP_MODULES = {"errors", "results", "sut", "finish", "acceptance", "cli", "__main__"}
+_TOP_MODULES = {"errors", "results", "sut", "finish", "locust_run", "acceptance", "cli", "__main__"}
 # below every layer: any module may import them
 _BASE = {"harness.primitives", "harness.protocols"}
 

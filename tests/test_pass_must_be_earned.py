@@ -157,7 +157,8 @@ def test_bad_placeholder_is_a_usage_error(tmp_path) -> None:
 
 
 def test_acceptance_leaves_out_what_the_target_cannot_support(tmp_path) -> None:
-    from harness.acceptance import CHECKLIST, Plan, Target, preflight
+    from harness.acceptance import CHECKLIST, Plan, preflight
+    from harness.locust_run import Target
 
     one_core = Plan(
         scenarios=CHECKLIST,
@@ -198,7 +199,8 @@ def test_a_scenario_whose_locust_run_died_is_a_schema_valid_failure_with_its_sam
     """Locust SIGKILLed (or crashed) before it wrote results: the parent's document is still
     one the schema accepts — run.completed failed with the cause — and keeps the series the
     sampler wrote before the death."""
-    from harness.acceptance import ScenarioRun, _failed_scenario
+    from harness.acceptance.no_results import failed_scenario
+    from harness.locust_run import ScenarioRun
     from harness.results import machine_metadata, new_document
     from tests.conftest import schema_errors
 
@@ -209,7 +211,7 @@ def test_a_scenario_whose_locust_run_died_is_a_schema_valid_failure_with_its_sam
     (samples / "process.csv").write_text("\n".join([cols, *rows]) + "\n")
     run = ScenarioRun(name="soak", out_dir=tmp_path / "soak", returncode=-9, error="killed")
     run.started_unix, run.elapsed_s = 1e9, 5.5
-    sc = _failed_scenario(run, "quick")
+    sc = failed_scenario(run, "quick")
     doc = new_document(machine=machine_metadata(), sut={}, loadgen={})
     doc["scenarios"] = [sc]
     assert schema_errors(doc) == []
@@ -217,6 +219,6 @@ def test_a_scenario_whose_locust_run_died_is_a_schema_valid_failure_with_its_sam
     assert died["id"] == "run.completed" and died["passed"] is False and "killed" in died["detail"]
     assert sc["server"]["series"]["rss_bytes"] == [100 << 20] * 5
     # nothing sampled at all: still a valid document
-    empty = _failed_scenario(ScenarioRun(name="spike", out_dir=tmp_path / "none"), "quick")
+    empty = failed_scenario(ScenarioRun(name="spike", out_dir=tmp_path / "none"), "quick")
     doc["scenarios"] = [empty]
     assert schema_errors(doc) == [] and empty["server"] is None

@@ -21,13 +21,13 @@ from gevent import ssl as gssl
 from gevent.server import StreamServer
 
 from harness import cli
-from harness.acceptance import Target
 from harness.errors import ConfigError, ResultFormatError
 from harness.load import calibrate, http, payloads, target
 from harness.load.options import add_options, options_from
 from harness.load.preflight import check_transport
 from harness.load.users import Plan
 from harness.load.wire import PlanMessage
+from harness.locust_run import Target
 from harness.protocols import kserve_v2
 from harness.report.compare import compare
 from harness.results import machine_metadata

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from harness import acceptance
-from harness.acceptance import Plan, ScenarioRun, Target, retry_reasons, run_plan
+from harness import locust_run
+from harness.acceptance import Plan, retry_reasons, run_plan
 from harness.checks.engine import disturbance_reasons, validity
+from harness.locust_run import ScenarioRun, Target
 from harness.report.summary import render_summary
 from harness.results import machine_metadata, new_document
 from harness.testing.checks import good_steady, hdr
@@ -101,15 +102,15 @@ def test_the_loop_keeps_every_attempt_and_reports_it(tmp_path, monkeypatch, retr
     result names them all."""
     calls: list[int] = []
 
-    def fake_run_one(plan, name, index, total, interrupt, show, poll_s=1.0):
+    def fake_run_one(settings, out_root, name, index, total, stop, show, poll_s=1.0):
         calls.append(len(calls) + 1)
-        out = plan.out_dir / "steady_state"
+        out = out_root / "steady_state"
         out.mkdir(parents=True, exist_ok=True)
         (out / "marker").write_text(str(len(calls)))
         sc = good_steady(dispatch_lag_hdr=LATE) if len(calls) <= 2 else good_steady()
         return ScenarioRun(name=name, out_dir=out, document=_doc(sc))
 
-    monkeypatch.setattr(acceptance, "run_one", fake_run_one)
+    monkeypatch.setattr(locust_run, "run_one", fake_run_one)
     shown: list[str] = []
     plan = Plan(**{**_plan(tmp_path).__dict__, "retry_invalid": retries})
     outcome = run_plan(plan, show=shown.append)

@@ -14,6 +14,7 @@ import pytest
 
 from harness.errors import ConfigError, ExitCode
 from harness.finish import exit_code_for, judge
+from harness.locust_run import Target
 from harness.report.common import verdict_sentence
 from harness.results import new_document
 from harness.testing.checks import counters, result
@@ -150,8 +151,6 @@ def _preflight(tmp_path, target, *, extra=(), allow=(), scenarios=None):
 
 
 def test_a_soak_nothing_samples_is_refused_before_load_naming_the_fixes(tmp_path) -> None:
-    from harness.acceptance import Target
-
     attached = _preflight(tmp_path, Target(url="http://127.0.0.1:9"), scenarios=["soak"])
     why = attached["soak"].reason
     assert not attached["soak"].optional
@@ -172,8 +171,6 @@ def test_a_soak_nothing_samples_is_refused_before_load_naming_the_fixes(tmp_path
 
 
 def test_linearity_on_one_server_core_is_optional_here_the_rest_is_not(tmp_path) -> None:
-    from harness.acceptance import Target
-
     one_core = _preflight(tmp_path, Target(sut_cmd=REF), extra=["--sut-cores", "1"])
     assert set(one_core) == {"linearity"} and one_core["linearity"].optional
     attached = _preflight(tmp_path, Target(url="http://127.0.0.1:9"))
@@ -206,14 +203,15 @@ def test_defined_by_must_name_checks_the_scenario_lists() -> None:
 
 def _fake_runs(monkeypatch, outcomes: dict[str, tuple[int, dict[str, Any] | None]]):
     import harness.acceptance as acc
+    from harness import locust_run
 
-    def fake_run_one(plan, name, index, total, interrupt, show, poll_s=1.0):
+    def fake_run_one(settings, out_root, name, index, total, stop, show, poll_s=1.0):
         code, doc = outcomes[name]
-        return acc.ScenarioRun(
-            name=name, out_dir=plan.out_dir / name, returncode=code, document=doc
+        return locust_run.ScenarioRun(
+            name=name, out_dir=out_root / name, returncode=code, document=doc
         )
 
-    monkeypatch.setattr(acc, "run_one", fake_run_one)
+    monkeypatch.setattr(locust_run, "run_one", fake_run_one)
     return acc
 
 
@@ -234,7 +232,7 @@ def test_a_configuration_error_while_preparing_is_exit_2_not_invalid(tmp_path, m
         scenarios=("rolling_shutdown",),
         mode="quick",
         out_dir=tmp_path,
-        target=acc.Target(sut_cmd=REF),
+        target=Target(sut_cmd=REF),
     )
     # the old path judged the written document: verdict invalid, "the harness failed"
     with pytest.raises(ConfigError, match="reports no inputs"):
@@ -254,20 +252,22 @@ def test_a_configuration_error_found_late_keeps_what_ran_and_is_not_a_pass(
         {"steady_state": (0, _doc(_steady())), "rolling_shutdown": (2, failed)},
     )
     if not wrote_results:
-        original = acc.run_one
+        from harness import locust_run
 
-        def with_log(plan, name, *args, **kw):
-            run = original(plan, name, *args, **kw)
+        original = locust_run.run_one
+
+        def with_log(settings, out_root, name, *args, **kw):
+            run = original(settings, out_root, name, *args, **kw)
             if name == "rolling_shutdown":
                 run.error = "model 'mlp' reports no inputs; state them with --input"
             return run
 
-        monkeypatch.setattr(acc, "run_one", with_log)
+        monkeypatch.setattr(locust_run, "run_one", with_log)
     plan = acc.Plan(
         scenarios=("steady_state", "rolling_shutdown"),
         mode="quick",
         out_dir=tmp_path,
-        target=acc.Target(sut_cmd=REF),
+        target=Target(sut_cmd=REF),
     )
     outcome = acc.run_plan(plan, show=lambda _: None)
     doc = outcome.document
@@ -283,12 +283,13 @@ def test_a_configuration_error_found_late_keeps_what_ran_and_is_not_a_pass(
 def test_the_input_flag_a_configuration_error_names_is_one_harness_run_accepts(tmp_path):
     """The fix a 'reports no inputs' error names (--input NAME:DTYPE:SHAPE) reaches the
     Locust run from `harness run` / `harness acceptance`, not only via --locust-arg."""
-    from harness.acceptance import scenario_argv
-    from harness.cli import _plan, build_parser
+    from harness.cli import build_parser
+    from harness.cli.run import plan_from
+    from harness.locust_run import scenario_argv
 
     args = build_parser().parse_args(
         ["run", "steady_state", "--input", "input:FP32:1,256", "--out", str(tmp_path)]
     )
-    plan = _plan(args, [args.scenario], str(tmp_path))
+    plan = plan_from(args, (args.scenario,), str(tmp_path))
     argv = scenario_argv(plan, "steady_state", tmp_path)
     assert argv[argv.index("--input") + 1] == "input:FP32:1,256"
