@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cli.common import (
     SUT_CMD_HELP,
@@ -19,7 +19,11 @@ from harness.cli.common import (
     add_sut_pid,
     add_target_url,
     positive_float,
+    to_stderr,
 )
+
+if TYPE_CHECKING:
+    from harness.acceptance import Plan, PlanRequest
 
 
 def _add_target_options(p: argparse.ArgumentParser) -> None:
@@ -168,7 +172,9 @@ def add_run(sub: Subparsers) -> None:
     p.set_defaults(handler=_run_run)
 
 
-def plan_request(args: argparse.Namespace, scenarios: tuple[str, ...], default_out: str) -> Any:
+def plan_request(
+    args: argparse.Namespace, scenarios: tuple[str, ...], default_out: str
+) -> PlanRequest:
     """The options of ``harness acceptance`` / ``harness run``, typed for the library."""
     from harness.acceptance import PlanRequest
 
@@ -200,15 +206,14 @@ def plan_request(args: argparse.Namespace, scenarios: tuple[str, ...], default_o
     )
 
 
-def plan_from(args: argparse.Namespace, scenarios: tuple[str, ...], default_out: str) -> Any:
+def plan_from(args: argparse.Namespace, scenarios: tuple[str, ...], default_out: str) -> Plan:
     """The checked plan of these options (progress of a --capacity=peak search on stderr)."""
     from harness.acceptance import make_plan
-    from harness.cli.common import to_stderr
 
     return make_plan(plan_request(args, scenarios, default_out), show=to_stderr)
 
 
-def _execute(plan: Any) -> int:
+def _execute(plan: Plan) -> int:
     from harness.acceptance import run_plan
 
     live = LiveLine(sys.stderr)
