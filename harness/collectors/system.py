@@ -406,9 +406,7 @@ class SystemSampler:
             self._sut_cmd = cmd
         run = set(self._run)
         parents = {
-            st[3]
-            for p in (sut, *self._adopted)
-            if p and (st := _read_run_stat(p)) is not None
+            st[3] for p in (sut, *self._adopted) if p and (st := _read_run_stat(p)) is not None
         }
         # kept while they live: the server may be gone (and reaped) by the next rescan
         self._reapers = sorted(
