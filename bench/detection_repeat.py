@@ -12,6 +12,7 @@ spread of the measured values, and anything else that failed or went invalid.
     python bench/detection_repeat.py --runs 3 --cases stall,leak-fds,cross-wire
     python bench/detection_repeat.py --from DIR           # re-render runs made earlier
     python bench/detection_repeat.py --from DIR --write docs/detection-repeated.md
+    python bench/detection_repeat.py --from DIR --merge docs/detection-repeated.md
 
 CI keeps one run per case (tests/test_detection.py); this is the benchmark. Runs are
 serial: two harness runs at once on a small box measure each other.
@@ -25,6 +26,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -297,6 +299,70 @@ def render(
     return "\n".join(lines)
 
 
+def _row_name(line: str) -> str | None:
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if not line.startswith("| ") or len(cells) < 7 or cells[0] in ("case", "---"):
+        return None
+    return cells[0]
+
+
+def _fraction(cell: str) -> tuple[int, int]:
+    a, _, b = cell.strip().partition("/")
+    return (int(a), int(b)) if a.isdigit() and b.isdigit() else (0, 0)
+
+
+def _totals(table: Sequence[str]) -> str:
+    caught = [_fraction(ln.strip().strip("|").split("|")[2]) for ln in table]
+    clean = [_fraction(ln.strip().strip("|").split("|")[4]) for ln in table]
+    return (
+        f"**Totals:** caught {sum(a for a, _ in caught)}/{sum(b for _, b in caught)} defect "
+        f"runs; controls clean {sum(a for a, _ in clean)}/{sum(b for _, b in clean)}."
+    )
+
+
+def merge(existing: str, fresh: str) -> str:
+    """``existing`` (a file of tables this script wrote) with the rows of ``fresh`` in
+    place of the rows of the same cases, each table's totals counted again, a line under
+    the first provenance saying which rows were measured when and on what; cases not in
+    any table yet get a section of their own at the end."""
+    fresh_lines = fresh.splitlines()
+    rows = {n: ln for ln in fresh_lines if (n := _row_name(ln))}
+    provenance = next(ln for ln in fresh_lines if ln[:4].isdigit() and " · commit " in ln)
+    out: list[str] = []
+    table: list[str] = []  # the rows of the table last seen
+    seen: set[str] = set()
+    noted = False
+    for ln in existing.splitlines():
+        name = _row_name(ln)
+        if ln.startswith("| case |"):
+            if not noted:
+                out += [f"Rows {', '.join(rows)} measured again: {provenance}", ""]
+                noted = True
+            table = []
+        if name is not None:
+            ln = rows.get(name, ln)
+            seen.add(name)
+            table.append(ln)
+        elif ln.startswith("**Totals:**"):  # the counts again, any words after them kept
+            ln = re.sub(r"^\*\*Totals:\*\*[^.]*\.", _totals(table).replace("\\", r"\\"), ln)
+        out.append(ln)
+    new = [rows[n] for n in rows if n not in seen]
+    if new:
+        while out and not out[-1].strip():
+            out.pop()
+        out += [
+            "",
+            f"## Cases added since ({provenance.split(' · ')[0]})",
+            "",
+            "| case | intended checks | caught | defect values | control clean | control values | other failures |",
+            "|---|---|---|---|---|---|---|",
+            *new,
+            "",
+            _totals(new),
+        ]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
@@ -305,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--from", dest="from_dir", default=None, help="render runs made earlier")
     p.add_argument("--write", default=None, help="write the Markdown table to this file")
     p.add_argument("--note", default="", help="a provenance note printed under the title")
+    p.add_argument(
+        "--merge",
+        default=None,
+        help="replace these cases' rows in this table (written earlier by --write), say "
+        "when they were measured, and count the totals again",
+    )
     p.add_argument(
         "--rerun-invalid",
         action="store_true",
@@ -334,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if args.write:
         Path(args.write).write_text(text)
+    if args.merge:
+        target = Path(args.merge)
+        target.write_text(merge(target.read_text(), text))
     return 0
 
 
