@@ -267,3 +267,26 @@ def test_answers_agree_uses_the_facing_half_widths() -> None:
     assert not answers_agree(run1, run3) and not answers_agree(run3, run1)
     # the facing halves, not the wide outer ones: run3's upper half (43.5) would let it pass
     assert answers_agree(run2, run3)
+
+
+def test_a_tunes_evidence_reads_the_outcomes_as_the_search_judges_them() -> None:
+    """The tune's readers (harness.results.peak_records, which the reports share) and the
+    search count the same outcomes at a rate: an insufficient point twice is a miss, an
+    invalid one is no information."""
+    from harness.analysis.edge import judged_outcomes
+    from harness.peak.outcomes import Verdicts
+    from harness.results.peak_records import evidence
+
+    pts = [
+        Point(100.0, "met"),
+        Point(120.0, "met"),
+        Point(120.0, "missed"),
+        Point(150.0, "insufficient"),
+        Point(150.0, "insufficient"),
+        Point(200.0, "missed"),
+        Point(300.0, "invalid"),
+    ]
+    v = Verdicts.of(pts)
+    assert v.judged(150.0) == ["missed"] and v.judged(300.0) == []
+    assert judged_outcomes(["insufficient", "met", "invalid"]) == ["met"]
+    assert evidence({"points": [p.as_dict() for p in pts]}) == (100.0, 150.0)
