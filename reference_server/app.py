@@ -27,13 +27,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from reference_server import __version__
-from reference_server.batcher import (
-    Batcher,
-    BatcherConfig,
-    DeadlineExpired,
-    QueueFull,
-    ServerExiting,
-)
+from reference_server.batch_queue import DeadlineExpired, QueueFull, ServerExiting
+from reference_server.batcher import Batcher, BatcherConfig
 from reference_server.config import ServerConfig
 from reference_server.faults import FaultRuntime
 from reference_server.metrics import CONTENT_TYPE, Metrics

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from reference_server.errors import ConfigError
-from reference_server.faults import FAULT_HELP, FaultSet, parse_faults
+from reference_server.fault_catalog import FAULT_HELP, FaultSet, parse_faults
 
 MODELS = ("mlp", "sim")
 # Sized so that, on one core of a small CI machine, the model (not HTTP) dominates and the

@@ -47,7 +47,7 @@ def _out_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
 def _known_faults() -> str:
     """The fault names this checkout's reference server knows (--help wraps at hyphens)."""
     return subprocess.run(
-        [sys.executable, "-c", "from reference_server.faults import FAULT_NAMES as f; print(*f)"],
+        [sys.executable, "-c", "from reference_server.fault_catalog import FAULT_NAMES as f; print(*f)"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -68,7 +68,7 @@ def test_every_check_has_a_defect_that_fails_it() -> None:
 
 
 def test_every_fault_switch_has_a_case() -> None:
-    from reference_server.faults import FAULT_NAMES
+    from reference_server.fault_catalog import FAULT_NAMES
 
     planted = {(c.fault or "").split(":")[0] for c in CASES}
     assert set(FAULT_NAMES) <= planted, sorted(set(FAULT_NAMES) - planted)

@@ -15,7 +15,7 @@ from harness.testing.server import infer_body, metric_sum, parse_metrics
 from harness.testing.server_app import SIM, client
 from reference_server.app import ServerState, server_state
 from reference_server.config import ServerConfig
-from reference_server.faults import parse_faults
+from reference_server.fault_catalog import parse_faults
 from reference_server.models import SimModel
 
 ROW = [float(i) for i in range(16)]

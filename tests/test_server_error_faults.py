@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from reference_server.errors import ConfigError
-from reference_server.faults import FaultRuntime, ModelFault, parse_faults
+from reference_server.fault_catalog import parse_faults
+from reference_server.faults import FaultRuntime, ModelFault
 
 
 def batch(n: int) -> list:

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from harness.testing.server import infer_body
 from reference_server.app import create_app, server_state
 from reference_server.config import ServerConfig
-from reference_server.faults import parse_faults
+from reference_server.fault_catalog import parse_faults
 
 SIM = ServerConfig(model="sim", sim_base_ms=0.0, sim_item_ms=0.0, max_delay_ms=1.0)
 ROW = [float(i) for i in range(16)]

@@ -7,16 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from reference_server.batcher import (
-    BatchCap,
-    Batcher,
-    BatcherConfig,
-    BatchQueue,
-    Pending,
-    QueueFull,
-)
+from reference_server.batch_queue import BatchQueue, Pending, QueueFull
+from reference_server.batcher import BatchCap, Batcher, BatcherConfig
 from reference_server.config import ConfigError, ServerConfig, parse_config
-from reference_server.faults import FaultSet, parse_faults
+from reference_server.fault_catalog import FaultSet, parse_faults
 from reference_server.models import MLPModel, SimModel
 from reference_server.protocol import priority_level
 
