@@ -15,8 +15,8 @@ import pytest
 
 from harness.analysis.hdr import nearest_rank
 from harness.checks import REGISTRY, Check, resolve_params
+from harness.checks.crash import kth_slowest_bound_ms
 from harness.checks.latency import tail_rank
-from harness.checks.resilience import kth_slowest_bound_ms
 from harness.testing.results import counters, hdr, scenario, stage
 
 

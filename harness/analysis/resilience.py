@@ -14,7 +14,7 @@ network fault), the same numbers over three spans of the run:
 
 Latency and errors come from the window rows (keyed by intended send time: a request sent
 during a freeze that fails later counts *during*); server resources from the sampler's
-series. Pure functions over plain sequences: the checks (harness.checks.resilience) and
+series. Pure functions over plain sequences: the checks (harness.checks.freeze, .crash, .shutdown) and
 the reports (harness.report) feed them what they read from the results document.
 """
 

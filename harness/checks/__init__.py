@@ -20,10 +20,12 @@ from harness.catalog import CHECK_IDS
 # Importing the check modules attaches their functions to the declarations.
 from harness.checks import (  # noqa: F401
     correctness,
+    crash,
+    freeze,
     latency,
     network,
     overload,
-    resilience,
+    shutdown,
     soak,
 )
 from harness.checks.engine import (

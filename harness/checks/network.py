@@ -17,10 +17,10 @@ import numpy as np
 
 from harness.checks import _data as d
 from harness.checks._data import fmt
+from harness.checks.chaos_records import baseline_end as _before
 from harness.checks.model import Check, Result
 from harness.checks.overload import _recovery
 from harness.checks.registry import implements
-from harness.checks.resilience import _before
 
 # toxics that add time to a request (judged for amplification) and the ones that break
 # connections (judged for leaks)
