@@ -133,7 +133,7 @@ def test_a_server_failing_at_the_bound_trips_no_window_by_chance() -> None:
     1 − alpha/K quantile of Binomial(n, 1 %), K windows), fewer than 1 % trip by design.
     The window rule alone is judged here: the whole-soak rule fails half of these runs."""
     from harness.checks.model import Result
-    from harness.checks.soak import _bursts
+    from harness.checks.soak_requests import _bursts
 
     spec = REGISTRY["soak.error_rate"]
     rule = Result(spec, resolve_params("soak.error_rate", {}))

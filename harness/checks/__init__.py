@@ -27,6 +27,7 @@ from harness.checks import (  # noqa: F401
     overload,
     shutdown,
     soak,
+    soak_requests,
 )
 from harness.checks.engine import (
     RUN_COMPLETED,
