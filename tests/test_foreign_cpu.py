@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from harness.acceptance import calibrated_capacity
-from harness.analysis.validity import PROBE, foreign_shares
+from harness.analysis.foreign_cpu import PROBE, foreign_shares
 from harness.checks.engine import (
     disturbance_reasons,
     judge_scenario,
