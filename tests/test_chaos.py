@@ -451,7 +451,7 @@ def test_timeline_runs_inside_a_gevent_patched_process():
 def test_hogs_are_not_counted_as_load_generator_cpu():
     # The chaos timeline runs in the Locust master, so its hogs are the generator's
     # children; counting them would make every contention run look generator-saturated.
-    from harness.collectors.system import HOG_COMM, loadgen_pids
+    from harness.collectors.run_processes import HOG_COMM, loadgen_pids
 
     hog = spawn_hog(5.0, None)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])

@@ -283,7 +283,8 @@ def test_thread_csv_line_quotes_odd_names():
 
 @pytest.mark.slow
 def test_system_sampler_sees_the_load_generator_cpu(tmp_path):
-    from harness.collectors.system import SystemSampler, loadgen_pids
+    from harness.collectors.run_processes import loadgen_pids
+    from harness.collectors.system import SystemSampler
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -433,7 +433,7 @@ def test_sampler_follows_a_restarted_server_through_its_pid_file(tmp_path):
 
 def test_loadgen_pids_exclude_the_sut_tree():
     from harness.collectors import procfs
-    from harness.collectors.system import loadgen_pids
+    from harness.collectors.run_processes import loadgen_pids
 
     code = textwrap.dedent(
         """

@@ -33,8 +33,9 @@ from harness.checks.engine import (
     validity_margins,
 )
 from harness.collectors.loop import TickLoop
+from harness.collectors.run_processes import run_pids
 from harness.collectors.samples import read_samples
-from harness.collectors.system import ForeignMeter, SystemSampler, run_pids
+from harness.collectors.system import ForeignMeter, SystemSampler
 from harness.testing import reference_document as rd
 from harness.testing import results as rf
 

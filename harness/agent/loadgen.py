@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.collectors.loop import TickLoop
-from harness.collectors.system import SystemSampler, loadgen_pids, run_pids
+from harness.collectors.run_processes import loadgen_pids, run_pids
+from harness.collectors.system import SystemSampler
 from harness.primitives import atomic_write, trapped_signals
 
 META = "loadgen.json"

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from harness.chaos.base import Action, ChaosTarget, target_cores
-from harness.collectors.system import HOG_COMM
+from harness.collectors.run_processes import HOG_COMM
 from harness.errors import ConfigError
 
 # argv: deadline seconds, expected parent pid, core ("-" = not pinned), process name

@@ -20,7 +20,8 @@ from harness.collectors.live import format_live
 from harness.collectors.loop import TickLoop
 from harness.collectors.metrics import DEFAULT_EXCLUDE, DEFAULT_MATCH, MetricsScraper, ScrapeConfig
 from harness.collectors.process import HZ, ProcessSampler
-from harness.collectors.system import SystemSampler, loadgen_pids, run_pids
+from harness.collectors.run_processes import loadgen_pids, run_pids
+from harness.collectors.system import SystemSampler
 from harness.errors import ConfigError, TargetUnavailable
 from harness.primitives import atomic_write
 
