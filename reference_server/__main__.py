@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from reference_server.config import ConfigError, parse_config  # no numpy: see main
+
 
 def _pin_blas_threads(argv: list[str]) -> list[str]:
     # Must run before numpy is imported anywhere: OpenBLAS reads these at load time.
@@ -36,14 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv = _pin_blas_threads(argv)
 
-    from reference_server.config import ConfigError, parse_config
-
     try:
         config = parse_config(argv)
     except ConfigError as exc:
         print(f"python -m reference_server: error: {exc}", file=sys.stderr)
         return 2
 
+    # imported only now: it imports numpy, which reads the BLAS thread counts just pinned
     from reference_server.serve import serve
 
     return serve(config)

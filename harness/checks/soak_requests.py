@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.hdr import nearest_rank
+from harness.analysis.percentiles import binom_ppf
 from harness.analysis.trend import (
     bucket_medians,
     mann_kendall,
@@ -79,8 +80,6 @@ def _bursts(result: Mapping[str, Any], r: Result, include_dropped: bool) -> _Bur
     bound, a server whose requests fail independently at p or less fails no window in
     1 − ``alpha`` of its runs, however many windows overlap.
     """
-    from harness.analysis.percentiles import binom_ppf
-
     w = d.windows(result)
     if w is None:
         return None
