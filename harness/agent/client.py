@@ -34,14 +34,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.agent import routes
+from harness.agent.loadgen import merge
+from harness.agent.routes import API
 from harness.chaos.base import Action
 from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
+from harness.collectors import read_samples
 from harness.errors import ConfigError, HarnessError, TargetUnavailable
 from harness.primitives import atomic_write
 
 log = logging.getLogger("harness.agent")
 
-API = "/v1"
 CLOCK_PROBES = 5
 # a kill waits up to 15 s for the process to exit (KillRestart.exit_timeout_s)
 ACTION_TIMEOUT_S = 30.0
@@ -114,13 +117,25 @@ class AgentClient:
             ) from None
         return payload if raw else json.loads(payload or b"null")
 
+    def request(
+        self,
+        route: routes.Route,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        **params: Any,
+    ) -> Any:
+        """Call ``route``, its path parameters and query filled from ``params``."""
+        path = route.path(**params)
+        return self.call(route.method, path, body, raw=route.raw, timeout_s=timeout_s)
+
     def measure_clock(self, probes: int = CLOCK_PROBES) -> tuple[dict[str, Any], float, float]:
         """The agent's info and (offset_s, rtt_s) from ``probes`` info calls."""
         samples = []
         info: dict[str, Any] = {}
         for _ in range(probes):
             sent = time.time()
-            info = self.call("GET", "info")
+            info = self.request(routes.INFO)
             samples.append((sent, float(info["time"]), time.time()))
         offset, rtt = clock_offset(samples)
         return info, offset, rtt
@@ -130,8 +145,8 @@ class RemoteAction(Action):
     """A chaos action applied and reverted by the agent (built there at ``check``)."""
 
     def __init__(self, sut: RemoteSut, name: str, params: Mapping[str, Any]) -> None:
-        checked = sut.client.call(
-            "POST", "actions/check", {"action": name, "params": dict(params), "pid": sut.pid}
+        checked = sut.client.request(
+            routes.ACTION_CHECK, {"action": name, "params": dict(params), "pid": sut.pid}
         )["params"]
         super().__init__(checked.get("duration_s"))
         self.name = name
@@ -145,9 +160,8 @@ class RemoteAction(Action):
         return dict(self._params)
 
     def _apply(self) -> None:
-        doc = self.sut.client.call(
-            "POST",
-            "actions",
+        doc = self.sut.client.request(
+            routes.ACTION_APPLY,
             {"action": self.name, "params": self._asked, "pid": self.sut.pid},
             timeout_s=ACTION_TIMEOUT_S,
         )
@@ -157,7 +171,9 @@ class RemoteAction(Action):
     def _revert(self) -> None:
         if self._id is None:
             return
-        doc = self.sut.client.call("POST", f"actions/{self._id}/revert", timeout_s=ACTION_TIMEOUT_S)
+        doc = self.sut.client.request(
+            routes.ACTION_REVERT, timeout_s=ACTION_TIMEOUT_S, aid=self._id
+        )
         self.detail.update(doc["detail"], agent_host=self.sut.host)
 
 
@@ -168,9 +184,10 @@ class RemoteSampler:
         self.sut = sut
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        self.id = sut.client.call("POST", "samplers", {"pid": sut.pid, "metrics_url": metrics_url})[
-            "id"
-        ]
+        started = sut.client.request(
+            routes.SAMPLER_START, {"pid": sut.pid, "metrics_url": metrics_url}
+        )
+        self.id = started["id"]
         self._lock = threading.Lock()
         self._meta_mtime: int | None = None
         self.local = out / "local"
@@ -184,10 +201,8 @@ class RemoteSampler:
         gevent loop that wait holds every send)."""
         with self._lock:
             have = {p.name: p.stat().st_size for p in self.out.iterdir() if p.is_file()}
-            doc = self.sut.client.call(
-                "POST",
-                f"samplers/{self.id}/pull",
-                {"have": have, "meta_mtime": self._meta_mtime},
+            doc = self.sut.client.request(
+                routes.SAMPLER_PULL, {"have": have, "meta_mtime": self._meta_mtime}, sid=self.id
             )
             self._meta_mtime = doc["meta_mtime"]
             files: list[tuple[str, bytes]] = []
@@ -230,19 +245,15 @@ class RemoteSampler:
 
     def finish(self) -> dict[str, Any] | None:
         """Stop the sampler, copy the rest, and read the samples like local ones."""
-        from harness.collectors import read_samples
-
         try:
-            self.sut.client.call("POST", f"samplers/{self.id}/stop")
+            self.sut.client.request(routes.SAMPLER_STOP, sid=self.id)
             self.fetch()
             with contextlib.suppress(HarnessError):
-                self.sut.client.call("POST", f"samplers/{self.id}/remove")
+                self.sut.client.request(routes.SAMPLER_REMOVE, sid=self.id)
         except HarnessError as exc:
             log.warning("harness: the agent's samples: %s", exc)
         stop_loadgen(self._loadgen)
         not_here(self.out)
-        from harness.agent.loadgen import merge
-
         merge(self.out, self.local, self.sut.clock_offset_s)
         try:
             return read_samples(self.out)
@@ -337,7 +348,7 @@ class RemoteSut:
                     "(`pgrep -f SERVER` there) as --sut-pid"
                 )
         self.can_restart = bool(owned.get("can_restart")) and owned.get("pid") == int(pid)
-        proc = client.call("GET", f"process?pid={int(pid)}")
+        proc = client.request(routes.PROCESS, pid=int(pid))
         self._pid = int(proc["pid"])
         self._cores = tuple(proc.get("cores") or ())
         self.cmd = proc.get("cmd")
@@ -370,12 +381,12 @@ class RemoteSut:
         return self._cores
 
     def pids(self) -> list[int]:
-        return list(self.client.call("GET", f"process?pid={self._pid}")["pids"])
+        return list(self.client.request(routes.PROCESS, pid=self._pid)["pids"])
 
     def alive(self) -> bool:
         """Whether the server runs; an agent that does not answer is not a dead server."""
         try:
-            doc = self.client.call("GET", f"alive?pid={self._pid}")
+            doc = self.client.request(routes.ALIVE, pid=self._pid)
             if doc.get("pid_now"):
                 # the agent restarted the server it owns (kill chaos): follow the new pid
                 self._pid = int(doc["pid_now"])
@@ -421,7 +432,7 @@ class RemoteSut:
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
             try:
-                self.client.call("POST", "heartbeat")
+                self.client.request(routes.HEARTBEAT)
             except HarnessError as exc:
                 log.warning("harness: agent heartbeat: %s", exc)
 

@@ -1,410 +1,31 @@
-"""The agent's HTTP server: sampler sessions and leased chaos actions on its own host.
+"""The agent's HTTP server: token-checked, every route of ``routes.py`` answered from the
+agent's state (``state.py``: samplers, leased chaos actions, the server it owns).
 
-Why the pieces are shaped this way:
-
-* Every apply and revert runs on one long-lived worker thread: a CPU hog asks the kernel
-  to kill it when the thread that spawned it ends (``PR_SET_PDEATHSIG``), and the
-  request threads of ``ThreadingHTTPServer`` end with each request.
-* The actions are the chaos package's own (``DEFAULT_ACTIONS``: idempotent, thread-safe
-  ``revert``), built against an ``AttachedSut`` for the pid on this host, so what the
-  evidence rules read (hog CPU seconds and affinity, pids seen stopped) is observed here,
-  where it happened.
-* A lease: every authenticated request renews it. When the master's heartbeat stops for
-  ``lease_s`` (master killed, network cut), a watcher thread reverts every applied action
-  and stops every sampler, as the timeline's ``finally``/atexit/signal handlers would on
-  one host. The agent's own exit (SIGTERM/SIGINT, atexit) does the same.
+Every authenticated request renews the lease; a request thread never dies of an error,
+it answers it (403 not allowed, 404 no such thing, 400 a bad request, 500 otherwise).
 """
 
 from __future__ import annotations
 
 import atexit
-import base64
-import concurrent.futures
-import contextlib
 import hmac
-import itertools
 import json
-import os
-import re
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from harness.chaos.base import Action
-from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
-from harness.collectors.child import sample_command, start_sample, stop_sample
+from harness.agent import routes
+from harness.agent.state import Agent, AgentConfig, Forbidden, NotFound
 from harness.errors import ConfigError, HarnessError
-from harness.primitives import cpu_model, trapped_signals
+from harness.primitives import trapped_signals
 
-API = "/v1"
-DEFAULT_LEASE_S = 10.0
-# files of a sampler directory the agent serves (nothing else under its root)
-SAMPLE_FILE = re.compile(r"^(?:[a-z_]+\.csv|sampler\.json|sampler\.log)$")
-# CSVs are served up to their last complete line, so an incremental copy never holds half
-# a row (the sampler appends whole rows; a read may land mid-write)
-APPEND_ONLY = (".csv", ".log")
-
-
-class Forbidden(HarnessError):
-    """An action outside the agent's allow-list (HTTP 403)."""
-
-
-class NotFound(HarnessError):
-    """No such process, sampler, action or file on the agent's host (HTTP 404)."""
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    token: str
-    allow: tuple[str, ...] = ("cpu_hog", "pause", "kill")
-    bind: str = "127.0.0.1"
-    port: int = 8765
-    lease_s: float = DEFAULT_LEASE_S
-    root: str | None = None  # sampler directories (default: a fresh temporary directory)
-    sample_interval_s: float = 1.0
-    actions: Mapping[str, ActionFactory] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
-    # a server the agent starts and owns (``--sut-cmd``): kill chaos may restart it here
-    sut_cmd: str | None = None
-    sut_port: int | None = None  # its {port} (default: a free one)
-    ready_timeout_s: float = 60.0
-
-    def validate(self) -> AgentConfig:
-        if not self.token:
-            raise ConfigError(
-                "harness agent needs a token: pass --token or set HARNESS_AGENT_TOKEN (the "
-                "master passes the same with --agent-token)"
-            )
-        unknown = [a for a in self.allow if a not in self.actions]
-        if unknown:
-            raise ConfigError(
-                f"--allow has {', '.join(unknown)}; valid: {', '.join(self.actions)} "
-                "(comma-separated)"
-            )
-        if not self.lease_s > 0:
-            raise ConfigError(f"--lease has value {self.lease_s}; expected seconds > 0")
-        return self
-
-
-def _netns() -> str | None:
-    """This process's network namespace (``net:[inode]``): which "host" the agent is on
-    when several share a kernel (a pod's sidecar, the two-namespace test)."""
-    try:
-        return os.readlink("/proc/self/ns/net")
-    except OSError:
-        return None
-
-
-def _attach(pid: int) -> Any:
-    from harness import sut
-
-    try:
-        return sut.attach(int(pid))
-    except HarnessError:
-        raise NotFound(
-            f"no process {pid} on the agent's host {socket.gethostname()}: give the server's "
-            "pid there (--sut-pid is the pid on the agent's host)"
-        ) from None
-
-
-@dataclass
-class _Sampler:
-    id: str
-    dir: Path
-    proc: subprocess.Popen
-
-
-class Agent:
-    """The agent's state: samplers, applied actions and the lease (no HTTP in here)."""
-
-    def __init__(self, config: AgentConfig, *, clock: Callable[[], float] = time.monotonic):
-        self.config = config.validate()
-        self.clock = clock
-        self.root = Path(config.root or tempfile.mkdtemp(prefix="harness-agent-"))
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
-        self._ids = itertools.count(1)
-        self.samplers: dict[str, _Sampler] = {}
-        self.active: dict[str, Action] = {}  # applied, not yet reverted
-        self.done: dict[str, Action] = {}  # reverted (their detail stays readable)
-        self._gates: dict[str, threading.Lock] = {}  # one revert at a time per action
-        self.expired: list[dict[str, Any]] = []  # what the lease reverted, and when
-        self.last_beat = clock()
-        # one thread outlives every hog it spawns (PR_SET_PDEATHSIG is per thread)
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-chaos")
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
-        self.sut: Any = None  # the SutProcess of --sut-cmd, once started
-        self._sut_pids: set[int] = set()  # every pid it has had (it is restarted by chaos)
-
-    # -- the server it owns ---------------------------------------------------------------
-
-    def start_sut(self) -> float | None:
-        """Start ``--sut-cmd`` and wait until it is ready; seconds to ready (None: no cmd).
-        Its pid is kept in a file the samplers follow, so a kill + restart through chaos
-        is sampled across the restart like on one host."""
-        if not self.config.sut_cmd:
-            return None
-        from harness.sut import SutProcess
-
-        self.sut = SutProcess(
-            self.config.sut_cmd,
-            port=self.config.sut_port,
-            log_path=self.root / "sut.log",
-            pid_file=self.root / "sut.pid",
-        )
-        try:
-            ready = self.sut.wait_ready(timeout=self.config.ready_timeout_s)
-            self._sut_pid_now()
-            return ready
-        except HarnessError:
-            self.sut.stop()
-            raise
-
-    def _sut_pid_now(self) -> int | None:
-        """The owned server's pid while it runs (remembered among its pids)."""
-        if self.sut is None or not self.sut.alive():
-            return None
-        pid = self.sut.pid
-        self._sut_pids.add(pid)
-        return pid
-
-    def _owned(self, pid: int) -> bool:
-        return self._sut_pid_now() == pid
-
-    def _target(self, pid: int) -> Any:
-        """The server behind ``pid``: the one the agent owns (restartable), or attached."""
-        return self.sut if self._owned(pid) else _attach(pid)
-
-    # -- lease ----------------------------------------------------------------------------
-
-    def beat(self) -> None:
-        self.last_beat = self.clock()
-
-    def start_lease(self) -> None:
-        self._watcher = threading.Thread(target=self._watch, name="agent-lease", daemon=True)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        every = min(1.0, self.config.lease_s / 4)
-        while not self._stop.wait(every):
-            self.check_lease()
-
-    def check_lease(self) -> bool:
-        """Revert everything when no request came for ``lease_s``; whether it did."""
-        silent = self.clock() - self.last_beat
-        with self._lock:
-            busy = bool(self.active) or any(s.proc.poll() is None for s in self.samplers.values())
-        if not busy or silent < self.config.lease_s:
-            return False
-        self.expired.append({"silent_s": round(silent, 3), "actions": sorted(self.active)})
-        self.release(f"lease expired: no word from the master for {silent:.1f} s")
-        return True
-
-    def release(self, reason: str) -> None:
-        """Revert every applied action and stop every sampler (idempotent)."""
-        with self._lock:
-            ids = sorted(self.active, reverse=True)
-        for aid in ids:
-            with contextlib.suppress(Exception):
-                self.revert(aid, reason=reason)
-        with self._lock:
-            samplers = list(self.samplers.values())
-        for s in samplers:
-            stop_sample(s.proc)
-
-    def shutdown(self, reason: str = "exit") -> None:
-        self._stop.set()
-        self.release(f"agent {reason}")
-        self._worker.shutdown(wait=False)
-        if self.sut is not None:
-            self.sut.stop()
-
-    # -- facts ----------------------------------------------------------------------------
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "host": socket.gethostname(),
-            "cpu_model": cpu_model(),
-            "cores": os.cpu_count(),
-            "allow": list(self.config.allow),
-            "lease_s": self.config.lease_s,
-            "netns": _netns(),
-            "time": time.time(),
-            # the server it started (--sut-cmd): the master needs no --sut-pid, and kill
-            # chaos may restart it
-            "sut": None
-            if self.sut is None
-            else {
-                "pid": self.sut.pid if self.sut.alive() else None,
-                "url": self.sut.url,
-                "cmd": self.sut.cmd,
-                "can_restart": True,
-            },
-        }
-
-    def alive(self, pid: int) -> dict[str, Any]:
-        """The master's watchdog asks this every half second: /proc/<pid>/stat only (the
-        process tree walk of ``process`` reads every process on the host)."""
-        from harness.chaos.base import proc_state
-
-        now = self._sut_pid_now()
-        if now is not None and pid in self._sut_pids and pid != now:
-            # the server it owns was restarted (kill chaos): alive, under a new pid
-            return {"pid": pid, "alive": True, "pid_now": now}
-        return {"pid": pid, "alive": proc_state(pid) not in ("Z", "X", None)}
-
-    def process(self, pid: int) -> dict[str, Any]:
-        h = self._target(pid)
-        return {
-            "pid": h.pid,
-            "alive": h.alive(),
-            "pids": h.pids(),
-            "cores": list(h.cores or sorted(os.sched_getaffinity(h.pid))),
-            "cmd": h.cmd,
-        }
-
-    # -- chaos ----------------------------------------------------------------------------
-
-    def _build(self, name: str, params: Mapping[str, Any], pid: int) -> Action:
-        if name not in self.config.allow:
-            raise Forbidden(
-                f"action {name!r} is not allowed on this agent (allowed: "
-                f"{', '.join(self.config.allow) or 'none'}); start it with --allow "
-                f"{','.join([*self.config.allow, name])}"
-            )
-        return self.config.actions[name](self._target(pid), dict(params))
-
-    def check(self, name: str, params: Mapping[str, Any], pid: int) -> dict[str, Any]:
-        """Build the action without applying it: its params, or the error it would raise."""
-        return {"params": self._build(name, params, pid).params}
-
-    def apply(self, name: str, params: Mapping[str, Any], pid: int) -> dict[str, Any]:
-        action = self._build(name, params, pid)
-        aid = f"a{next(self._ids)}"
-        with self._lock:
-            self.active[aid] = action
-        try:
-            self._worker.submit(action.apply).result()
-        except Exception:
-            self.revert(aid)
-            raise
-        return {"id": aid, "params": action.params, "detail": dict(action.detail)}
-
-    def revert(self, aid: str, reason: str | None = None) -> dict[str, Any]:
-        """Revert action ``aid`` (once) and answer its detail. A revert already under way
-        (the lease's, the master's) is waited for, not missed: the action moves to
-        ``done`` before it is reverted, under a gate the second caller blocks on."""
-        with self._lock:
-            action = self.active.pop(aid, None)
-            if action is not None:
-                self.done[aid] = action
-            else:
-                action = self.done.get(aid)
-            gate = self._gates.setdefault(aid, threading.Lock())
-        if action is None:
-            raise NotFound(f"no action {aid!r} on this agent")
-        with gate:
-            if not action.reverted:
-                if self._stop.is_set() or threading.current_thread().name.startswith("agent-"):
-                    action.revert()  # the worker may be gone (exit) or be this thread
-                else:
-                    self._worker.submit(action.revert).result()
-                if reason:
-                    action.detail["interrupted"] = reason
-        return {"id": aid, "detail": dict(action.detail)}
-
-    # -- samplers -------------------------------------------------------------------------
-
-    def start_sampler(self, pid: int, metrics_url: str | None = None) -> dict[str, Any]:
-        owned = self._owned(pid)
-        if not owned:
-            _attach(pid)
-        sid = f"s{next(self._ids)}"
-        out = self.root / sid
-        out.mkdir(parents=True)
-        cmd = sample_command(
-            pid,
-            out,
-            interval_s=self.config.sample_interval_s,
-            metrics_url=metrics_url,
-            pid_file=self.sut.pid_file if owned else None,
-        )
-        proc = start_sample(cmd, out)
-        with self._lock:
-            self.samplers[sid] = _Sampler(sid, out, proc)
-        return {"id": sid, "pid": proc.pid}
-
-    def _sampler(self, sid: str) -> _Sampler:
-        with self._lock:
-            s = self.samplers.get(sid)
-        if s is None:
-            raise NotFound(f"no sampler {sid!r} on this agent")
-        return s
-
-    def stop_sampler(self, sid: str) -> dict[str, Any]:
-        s = self._sampler(sid)
-        code = stop_sample(s.proc)
-        return {"id": sid, "returncode": code}
-
-    def files(self, sid: str) -> dict[str, int]:
-        s = self._sampler(sid)
-        return {
-            p.name: p.stat().st_size for p in sorted(s.dir.iterdir()) if SAMPLE_FILE.match(p.name)
-        }
-
-    def pull(self, sid: str, have: Mapping[str, int], meta_mtime: int | None) -> dict[str, Any]:
-        """Everything new since the master's copy, in one answer: each file's bytes from the
-        size the master has (base64), sampler.json whole when it was rewritten since
-        ``meta_mtime`` (it is written at the sampler's start and end only)."""
-        s = self._sampler(sid)
-        out: dict[str, Any] = {"files": {}, "meta_mtime": meta_mtime}
-        for p in sorted(s.dir.iterdir()):
-            if not SAMPLE_FILE.match(p.name):
-                continue
-            st = p.stat()
-            if p.name == "sampler.json":
-                if st.st_mtime_ns == meta_mtime:
-                    continue
-                out["meta_mtime"] = st.st_mtime_ns
-                data = self.read(sid, p.name)
-            elif st.st_size > int(have.get(p.name, 0)):
-                data = self.read(sid, p.name, int(have.get(p.name, 0)))
-            else:
-                continue
-            out["files"][p.name] = base64.b64encode(data).decode()
-        return out
-
-    def read(self, sid: str, name: str, offset: int = 0) -> bytes:
-        s = self._sampler(sid)
-        if not SAMPLE_FILE.match(name) or not (s.dir / name).is_file():
-            raise NotFound(f"no file {name!r} in sampler {sid}")
-        with open(s.dir / name, "rb") as f:
-            f.seek(max(0, offset))
-            data = f.read()
-        if name.endswith(APPEND_ONLY) and s.proc.poll() is None:
-            data = data[: data.rfind(b"\n") + 1]
-        return data
-
-    def remove_sampler(self, sid: str) -> None:
-        s = self._sampler(sid)
-        stop_sample(s.proc)
-        with self._lock:
-            self.samplers.pop(sid, None)
-        shutil.rmtree(s.dir, ignore_errors=True)
-
-
-# -- HTTP -------------------------------------------------------------------------------
+__all__ = ["Agent", "AgentConfig", "make_server", "serve"]
 
 
 def _status(exc: Exception) -> int:
@@ -415,6 +36,49 @@ def _status(exc: Exception) -> int:
     if isinstance(exc, (ConfigError, ValueError, KeyError, TypeError)):
         return 400
     return 500
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request's arguments: its path parameters, its query and its JSON body."""
+
+    params: dict[str, str]
+    query: dict[str, str]
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def _remove(a: Agent, c: Call) -> dict[str, Any]:
+    a.remove_sampler(c.params["sid"])
+    return {"id": c.params["sid"]}
+
+
+# Each route's answer from the agent's state (JSON, or bytes for a raw route).
+ANSWERS: dict[routes.Route, Callable[[Agent, Call], Any]] = {
+    routes.INFO: lambda a, c: a.info(),
+    routes.HEARTBEAT: lambda a, c: {"time": time.time()},
+    routes.ALIVE: lambda a, c: a.alive(int(c.query["pid"])),
+    routes.PROCESS: lambda a, c: a.process(int(c.query["pid"])),
+    routes.ACTION_CHECK: lambda a, c: a.check(
+        c.body["action"], c.body.get("params") or {}, int(c.body["pid"])
+    ),
+    routes.ACTION_APPLY: lambda a, c: a.apply(
+        c.body["action"], c.body.get("params") or {}, int(c.body["pid"])
+    ),
+    routes.ACTION_REVERT: lambda a, c: a.revert(c.params["aid"]),
+    routes.SAMPLER_START: lambda a, c: a.start_sampler(
+        int(c.body["pid"]), c.body.get("metrics_url")
+    ),
+    routes.SAMPLER_PULL: lambda a, c: a.pull(
+        c.params["sid"], c.body.get("have") or {}, c.body.get("meta_mtime")
+    ),
+    routes.SAMPLER_STOP: lambda a, c: a.stop_sampler(c.params["sid"]),
+    routes.SAMPLER_REMOVE: _remove,
+    routes.SAMPLER_FILES: lambda a, c: a.files(c.params["sid"]),
+    routes.SAMPLER_FILE: lambda a, c: a.read(
+        c.params["sid"], c.params["name"], int(c.query.get("offset", 0))
+    ),
+}
+assert set(ANSWERS) == set(routes.ROUTES), "every route answered, no answer without a route"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -464,52 +128,25 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         if not self._authorised():
             return
-        a = self.agent
-        a.beat()
+        self.agent.beat()
         url = urlsplit(self.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        parts = url.path.removeprefix(API).strip("/").split("/")
         try:
             body = self._body() if method == "POST" else {}
-            route = (method, *parts)
-            match route:
-                case ("GET", "info"):
-                    doc: Any = a.info()
-                case ("POST", "heartbeat"):
-                    doc = {"time": time.time()}
-                case ("GET", "alive"):
-                    doc = a.alive(int(q["pid"]))
-                case ("POST", "samplers", sid, "pull"):
-                    doc = a.pull(sid, body.get("have") or {}, body.get("meta_mtime"))
-                case ("GET", "process"):
-                    doc = a.process(int(q["pid"]))
-                case ("POST", "actions", "check"):
-                    doc = a.check(body["action"], body.get("params") or {}, int(body["pid"]))
-                case ("POST", "actions"):
-                    doc = a.apply(body["action"], body.get("params") or {}, int(body["pid"]))
-                case ("POST", "actions", aid, "revert"):
-                    doc = a.revert(aid)
-                case ("POST", "samplers"):
-                    doc = a.start_sampler(int(body["pid"]), body.get("metrics_url"))
-                case ("POST", "samplers", sid, "stop"):
-                    doc = a.stop_sampler(sid)
-                case ("POST", "samplers", sid, "remove"):
-                    a.remove_sampler(sid)
-                    doc = {"id": sid}
-                case ("GET", "samplers", sid, "files"):
-                    doc = a.files(sid)
-                case ("GET", "samplers", sid, "files", name):
-                    data = a.read(sid, name, int(q.get("offset", 0)))
-                    self._send(200, data, "application/octet-stream")
-                    return
-                case _:
-                    self._json(404, {"error": f"no route {method} {url.path}", "kind": "route"})
-                    return
+            found = routes.resolve(method, url.path)
+            if found is None:
+                self._json(404, {"error": f"no route {method} {url.path}", "kind": "route"})
+                return
+            route, params = found
+            doc = ANSWERS[route](self.agent, Call(params, q, body))
         except Exception as exc:  # answered, never a dead request thread
             kind = type(exc).__name__
             self._json(_status(exc), {"error": f"{exc}" or kind, "kind": kind})
             return
-        self._json(200, doc)
+        if route.raw:
+            self._send(200, doc, "application/octet-stream")
+        else:
+            self._json(200, doc)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
