@@ -47,7 +47,11 @@ def _out_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
 def _known_faults() -> str:
     """The fault names this checkout's reference server knows (--help wraps at hyphens)."""
     return subprocess.run(
-        [sys.executable, "-c", "from reference_server.fault_catalog import FAULT_NAMES as f; print(*f)"],
+        [
+            sys.executable,
+            "-c",
+            "from reference_server.fault_catalog import FAULT_NAMES as f; print(*f)",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
