@@ -332,11 +332,20 @@ def merge(existing: str, fresh: str) -> str:
     table: list[str] = []  # the rows of the table last seen
     seen: set[str] = set()
     noted = False
+    said = f"Rows {', '.join(rows)} measured again: "
+    skip_blank = False
     for ln in existing.splitlines():
         name = _row_name(ln)
+        if ln.startswith(said):
+            skip_blank = True  # the same rows measured before: this note replaces that one
+            continue
+        if skip_blank and not ln.strip():
+            skip_blank = False
+            continue
+        skip_blank = False
         if ln.startswith("| case |"):
             if not noted:
-                out += [f"Rows {', '.join(rows)} measured again: {provenance}", ""]
+                out += [said + provenance, ""]
                 noted = True
             table = []
         if name is not None:
