@@ -83,7 +83,7 @@ def _remote_sampler(out: Path) -> RemoteSampler:
     sampler.out, sampler.id, sampler._lock, sampler._meta_mtime = out, "s1", threading.Lock(), None
     pulled = {"sampler.json": b'{"started_unix": 100.0}', "process.csv": b"t,x\n1,2\n"}
     doc = {"meta_mtime": 1, "files": {k: base64.b64encode(v).decode() for k, v in pulled.items()}}
-    client = SimpleNamespace(call=lambda *a, **k: doc)
+    client = SimpleNamespace(request=lambda *a, **k: doc)
     sampler.sut = SimpleNamespace(client=client, clock_offset_s=0.0, agent_doc={"host": "h"})
     return sampler
 
