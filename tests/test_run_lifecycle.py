@@ -22,7 +22,7 @@ from locust.rpc.protocol import Message
 from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
-from harness.errors import ConfigError, ExitCode, ResultFormatError
+from harness.errors import ConfigError, ExitCode, ResultFormatError, TargetUnavailable
 from harness.finish import exit_code_for
 from harness.load import distribution, plugin
 from harness.load.controller import HarnessState
@@ -274,7 +274,7 @@ def test_error_info_carries_the_exit_code_errors_py_declares() -> None:
     for exc, code in (
         (ResultFormatError("bad results"), ExitCode.USAGE),
         (ConfigError("bad option"), ExitCode.USAGE),
-        (sut.TargetUnavailable("gone"), ExitCode.FAIL),
+        (TargetUnavailable("gone"), ExitCode.FAIL),
     ):
         info = ErrorInfo.from_exception(exc, prefix="worker: ")
         assert info.code == code
