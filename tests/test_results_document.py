@@ -25,7 +25,7 @@ from harness.load.scenario import load_scenario
 from harness.report import plots
 from harness.report.common import decode_hdr, fmt_num, hdr_summary
 from harness.report.html import render_html
-from harness.results import SCHEMA, load_document, new_document, records, write_document
+from harness.results import SCHEMA, load_document, new_document, readers, records, write_document
 from harness.results.schema import SCHEMA_FILE, json_schema, render
 from harness.testing.checks import run, steady_result
 from harness.testing.reference_document import build_document
@@ -122,7 +122,7 @@ def test_the_usl_fit_is_stored_and_upgrades_fill_it_for_older_documents(tmp_path
     assert "usl" not in doc["scenarios"][0]["linearity"]  # written before the field existed
     write_document(tmp_path / "results.json", doc)
     lin = load_document(tmp_path / "results.json")["scenarios"][0]["linearity"]
-    fit = fit_usl(records.linearity_replicates(lin["points"]))
+    fit = fit_usl(readers.linearity_replicates(lin["points"]))
     assert fit is not None
     assert lin["usl"] == {
         "lam": fit.lam,
@@ -143,7 +143,7 @@ def test_the_builder_stores_the_fit_of_the_points_it_measured() -> None:
         for t in range(int(stage.start_s + stage.warmup_s), int(stage.end_s)):
             rows.append({"t": float(t), "ok": int(100 * (n or 1) * (0.9 ** ((n or 1) - 1)))})
     view = linearity_view(sc_def, rows, cores=2)
-    assert view is not None and view["usl"] == records.usl_params(view["points"])
+    assert view is not None and view["usl"] == readers.usl_params(view["points"])
     assert view["usl"] is not None and view["usl"]["kappa"] >= 0
 
 
@@ -241,7 +241,7 @@ def test_every_document_written_during_a_test_is_validated(tmp_path) -> None:
 
 def test_the_linearity_check_names_the_stored_fit() -> None:
     sc = _linearity_doc()["scenarios"][0]
-    computed = records.usl_params(sc["linearity"]["points"])
+    computed = readers.usl_params(sc["linearity"]["points"])
     assert computed is not None
     # without a stored fit (a hand-built result) the check computes the same one
     plain = run("linearity.efficiency", sc, max_n=2)

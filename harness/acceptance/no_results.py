@@ -10,7 +10,8 @@ from typing import Any
 
 from harness.errors import ExitCode
 from harness.locust_run import ScenarioRun
-from harness.results.records import ZERO_COUNTERS, Check, ScenarioResult
+from harness.results.readers import ZERO_COUNTERS
+from harness.results.records import Check, ScenarioResult
 
 
 def failed_scenario(run: ScenarioRun, mode: str) -> dict[str, Any]:

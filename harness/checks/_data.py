@@ -14,17 +14,17 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from harness.results import hdr, records
+from harness.results import hdr, readers
 
 # The checks call these as ``d.<name>``; they are the results package's readers.
-ZERO_COUNTERS = records.ZERO_COUNTERS
-stages = records.stages
-stage = records.stage
-class_names = records.class_names
-histogram = records.latency
-add_counters = records.add_counters
-counters = records.counters
-failed_total = records.failed_total
+ZERO_COUNTERS = readers.ZERO_COUNTERS
+stages = readers.stages
+stage = readers.stage
+class_names = readers.class_names
+histogram = readers.latency
+add_counters = readers.add_counters
+counters = readers.counters
+failed_total = readers.failed_total
 
 
 def high_class(result: Mapping[str, Any]) -> str | None:
@@ -61,7 +61,7 @@ class Windows:
 
 
 def windows(result: Mapping[str, Any], classes: Sequence[str] | None = None) -> Windows | None:
-    rows, width_s = records.window_rows(result)
+    rows, width_s = readers.window_rows(result)
     if not rows:
         return None
     per_t: dict[float, list[Mapping[str, Any]]] = {}

@@ -65,7 +65,7 @@ def baseline_end(result: Mapping[str, Any], start: float) -> float:
     ends ``IN_FLIGHT_S`` before it (a window the event began in — even 1 ms before its
     end — is not baseline, nor one whose requests were still in flight when it struck: a
     kill cuts them off; ``EDGE`` forgives the timeline's jitter)."""
-    _, width = d.records.window_rows(result)
+    _, width = d.readers.window_rows(result)
     return start - IN_FLIGHT_S - width * (1.0 - EDGE)
 
 

@@ -13,7 +13,7 @@ from harness.checks._data import fmt
 from harness.checks.latency import failure_kinds, unanswered
 from harness.checks.model import Check, Result
 from harness.checks.registry import implements
-from harness.results.records import usl_params
+from harness.results.readers import usl_params
 
 
 @implements("integrity.mismatches")

@@ -170,7 +170,7 @@ def crash_cold_penalty(result: Mapping[str, Any], r: Result) -> Check:
         return r.skipped(f"no baseline windows before the kill at {fmt(start)} s")
     baseline = float(np.median(base))
     after_ts = {w.t[i] for i in idx}
-    rows = [row for row in d.records.window_rows(result)[0] if float(row["t"]) in after_ts]
+    rows = [row for row in d.readers.window_rows(result)[0] if float(row["t"]) in after_ts]
     answered = sum(int(row.get("ok") or 0) for row in rows)
     if answered == 0:
         return r.judged(

@@ -28,7 +28,7 @@ from harness.checks.latency import (
 )
 from harness.checks.model import Check, Result
 from harness.checks.registry import implements
-from harness.results import records
+from harness.results import readers
 
 
 def _row_counters(errors: Mapping[str, Any], ok: int) -> dict[str, Any]:
@@ -228,7 +228,7 @@ def _window_p99s(
 ) -> tuple[float, list[float], list[float], list[float]] | None:
     """(width, every window start, the starts with a finished request, their p99 over
     every request — the worst class's), or None when no windows were recorded."""
-    rows, width = records.window_rows(result)
+    rows, width = readers.window_rows(result)
     if not rows:
         return None
     starts: set[float] = set()

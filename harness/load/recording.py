@@ -31,12 +31,12 @@ from typing import Any
 from hdrh.histogram import HdrHistogram
 
 from harness.results import hdr
+from harness.results.readers import window_percentiles
 from harness.results.records import (
     ClassLatency,
     Counters,
     FirstRequests,
     WindowRow,
-    window_percentiles,
 )
 
 # Outcomes that are not a served answer; "dropped" is kept apart (never sent).

@@ -13,6 +13,7 @@ from typing import Any
 from harness.load.recording import Recording, counters_view
 from harness.load.scenario import Scenario
 from harness.results import hdr
+from harness.results.readers import usl_params
 from harness.results.records import (
     ChaosEvent,
     Contention,
@@ -26,7 +27,6 @@ from harness.results.records import (
     Stage,
     TrafficClass,
     Windows,
-    usl_params,
 )
 
 

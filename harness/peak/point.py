@@ -26,15 +26,15 @@ def classify(sc: Mapping[str, Any], cfg: PeakConfig, run_dir: str | None = None)
         percentile_ms,
         percentile_with_failures_ms,
     )
-    from harness.results import records
+    from harness.results import readers
 
     names = [POINT_STAGE]
-    hist = records.latency(sc, stage_names=names)
-    c = records.counters(sc, stage_names=names) or dict(records.ZERO_COUNTERS)
-    stage = records.stage(sc, POINT_STAGE) or {}
+    hist = readers.latency(sc, stage_names=names)
+    c = readers.counters(sc, stage_names=names) or dict(readers.ZERO_COUNTERS)
+    stage = readers.stage(sc, POINT_STAGE) or {}
     secs = max(1e-9, float(stage.get("end_s", 0)) - float(stage.get("start_s", 0)))
     rate = float(stage.get("rate_rps") or 0.0)
-    failed = records.failed_total(c) - int((c.get("failed") or {}).get("cancelled") or 0)
+    failed = readers.failed_total(c) - int((c.get("failed") or {}).get("cancelled") or 0)
     bad = failed + int(c.get("dropped") or 0)
     ok = int(c.get("ok") or 0)
     finished = ok + bad

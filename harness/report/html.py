@@ -35,7 +35,7 @@ from harness.report.common import (
     verdict_sentence,
 )
 from harness.report.summary import SERVER_SPLIT_COLUMNS, SERVER_SPLIT_TITLE, server_split_rows
-from harness.results import records
+from harness.results import readers
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -211,7 +211,7 @@ def _chaos_list(sc: Mapping[str, Any]) -> str:
 
 def _merged_windows(sc: Mapping[str, Any]) -> tuple[dict[str, list[Any]] | None, float]:
     """Window rows merged over classes: requests sent, ok, the worst class's p99."""
-    rows, width = records.window_rows(sc)
+    rows, width = readers.window_rows(sc)
     if not rows:
         return None, width
     by_t: dict[float, list[Any]] = {}

@@ -4,7 +4,7 @@ Each plot function takes one scenario result and returns a ``Figure``, or a ``Mi
 with a one-line reason when the scenario's data does not support that plot — the report
 then prints the reason instead of the image. Lines drawn here (trend, USL fit) are drawing
 aids; verdicts come from ``harness.checks`` and are never recomputed here. The USL curve is
-the fit stored in ``linearity.usl`` (``harness.results.records.usl_params``), not refitted.
+the fit stored in ``linearity.usl`` (``harness.results.readers.usl_params``), not refitted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from harness.analysis.linearity import usl
 from harness.report.common import numeric_series, trend_line
-from harness.results import records
+from harness.results import readers
 
 DPI = 80
 _WIDE = (9.0, 3.6)
@@ -68,7 +68,7 @@ def _figure(
 
 
 def _rows(sc: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], float]:
-    rows, width = records.window_rows(sc)
+    rows, width = readers.window_rows(sc)
     return list(rows), width
 
 
@@ -261,7 +261,7 @@ def threads(sc: Mapping[str, Any], top: int = 6) -> Figure | Missing:
 
 def linearity(sc: Mapping[str, Any]) -> Figure | Missing:
     lin = sc.get("linearity") or {}
-    reps = records.linearity_replicates(lin.get("points") or [])
+    reps = readers.linearity_replicates(lin.get("points") or [])
     pts = [(float(n), x) for n, xs in reps.items() for x in xs]
     if not pts:
         return Missing("no linearity points (linearity.points)")

@@ -32,7 +32,8 @@ from typing import Any
 from harness import __version__
 from harness.errors import ResultFormatError
 from harness.primitives import atomic_write, cpu_model
-from harness.results.records import Document, with_usl
+from harness.results.readers import with_usl
+from harness.results.records import Document
 
 SCHEMA_NAME = "harness.results"
 SCHEMA_VERSION = 1

@@ -28,6 +28,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.protocols import get as protocol
+
+# the reference server speaks KServe V2: its readiness and inference paths come from there
+V2 = protocol("kserve-v2")
+
 
 @dataclasses.dataclass
 class ServerHandle:
@@ -70,7 +75,7 @@ def wait_ready(handle: ServerHandle, timeout: float) -> None:
             raise RuntimeError(
                 f"reference_server exited with {handle.proc.returncode} before ready:\n{handle.log()}"
             )
-        if http_status(handle.url, "/v2/health/ready", timeout=1.0) == 200:
+        if http_status(handle.url, V2.ready_path, timeout=1.0) == 200:
             return
         time.sleep(0.05)
     raise TimeoutError(f"reference_server not ready after {timeout}s:\n{handle.log()}")
@@ -168,9 +173,7 @@ def post_infer(
         host, port = url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
-        conn.request(
-            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
-        )
+        conn.request("POST", V2.infer_path(model), body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         raw = resp.read()
         doc = json.loads(raw) if raw else {}
@@ -322,7 +325,7 @@ def is_ready(base: str, timeout_s: float = 2.0) -> bool:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=timeout_s) as r:
+        with urllib.request.urlopen(f"{base}{V2.ready_path}", timeout=timeout_s) as r:
             return r.status == 200
     except OSError:
         return False
