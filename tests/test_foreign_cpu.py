@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -206,30 +207,40 @@ def test_a_hog_the_run_starts_just_before_a_tick_is_the_runs_from_its_first_tick
     assert max(foreign) < 15, foreign
 
 
+def _foreign_around_a_kill(
+    sampler: SystemSampler, alive: Callable[[], bool], kill: Callable[[], None]
+) -> list[float]:
+    """Sample every 0.5 s for 3 s; 0.4 s after the first tick past 0.9 s, ``kill()`` the
+    busy process while ``alive()``. Returns each tick's foreign CPU on the server's cores."""
+    ticks: list = []
+
+    def tick(t: float, late: float) -> None:
+        ticks.append(sampler.sample(t, 0.0))
+        if alive() and t > 0.9:
+            time.sleep(0.4)
+            kill()
+
+    loop = TickLoop(0.5)
+    t0 = loop.start()
+    sampler.baseline(time.monotonic() - t0)
+    loop.run(tick, 3.0)
+    sampler.close()
+    return [tk.foreign_cpu_pct for tk in ticks if tk is not None]
+
+
 def test_a_process_of_the_run_that_exits_between_ticks_is_still_the_runs(tmp_path):
     """A busy process of the run killed and reaped 0.4 s after a tick (a crash chaos
     kill, a short-lived child): its last 0.4 s of CPU is in its reaper's counter
     (cutime), not lost — before, that tick showed ~80 % of a core of foreign CPU."""
     child = subprocess.Popen([sys.executable, "-c", BUSY])
     sampler = SystemSampler(tmp_path, run_pids=run_pids([os.getpid()]), loadgen_every_s=60.0)
-    ticks: list = []
-
-    def tick(t: float, late: float) -> None:
-        ticks.append((t, sampler.sample(t, 0.0)))
-        if child.poll() is None and t > 0.9:
-            time.sleep(0.4)
-            child.kill()
-            child.wait()  # reaped by this process, which is the run's
-
     try:
-        loop = TickLoop(0.5)
-        t0 = loop.start()
-        sampler.baseline(time.monotonic() - t0)
-        loop.run(tick, 3.0)
-        sampler.close()
+        # reaped by this process, which is the run's
+        foreign = _foreign_around_a_kill(
+            sampler, lambda: child.poll() is None, lambda: _stop(child)
+        )
     finally:
         _stop(child)
-    foreign = [tk.foreign_cpu_pct for t, tk in ticks if tk is not None]
     assert max(foreign) < 30, foreign
 
 
@@ -257,26 +268,16 @@ def test_a_server_killed_and_reaped_by_its_own_supervisor_is_still_the_runs(tmp_
         sut_pid=lambda: server,
         loadgen_every_s=60.0,
     )
-    ticks: list = []
-
-    def tick(t: float, late: float) -> None:
-        ticks.append((t, sampler.sample(t, 0.0)))
-        if not _gone_pid(server) and t > 0.9:
-            time.sleep(0.4)
-            os.kill(server, 9)  # reaped by the supervisor, not by the run
-
     try:
-        loop = TickLoop(0.5)
-        t0 = loop.start()
-        sampler.baseline(time.monotonic() - t0)
-        loop.run(tick, 3.0)
-        sampler.close()
+        # reaped by the supervisor, not by the run
+        foreign = _foreign_around_a_kill(
+            sampler, lambda: not _gone_pid(server), lambda: os.kill(server, 9)
+        )
     finally:
         _stop(root)
         os.killpg(supervisor.pid, 9)
         supervisor.wait()
     assert supervisor.pid in sampler._reapers
-    foreign = [tk.foreign_cpu_pct for t, tk in ticks if tk is not None]
     assert max(foreign) < 30, foreign
 
 
