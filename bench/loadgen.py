@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+
+from harness.testing.locust_runs import stop
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "sim"
@@ -71,18 +72,6 @@ def tree_cpu(pid: int) -> float:
             t = p.cpu_times()
             total += t.user + t.system
     return total
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 def pinned(cmd: list[str], cores: str | None) -> list[str]:

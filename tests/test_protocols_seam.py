@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ import pytest
 from harness import protocols
 from harness.errors import ConfigError
 from harness.protocols import BadResponse, ClassParams, WireProtocol
+from harness.testing.locust_runs import stop
 
 REPO = Path(__file__).resolve().parent.parent
 MECHANICS_CHECKLIST = REPO / "tests" / "data" / "scenarios_load" / "mechanics_checklist.toml"
@@ -130,14 +130,7 @@ def toy_server(tmp_path: Path) -> Iterator[str]:
         port = int(proc.stdout.readline())
         yield f"http://127.0.0.1:{port}"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop(proc)  # SIGTERM by pid, SIGKILL if it lingers
 
 
 def test_the_registry_finds_a_protocol_by_name_or_by_module() -> None:
