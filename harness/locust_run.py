@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import locustfiles
+from harness import sut
 from harness.errors import ConfigError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV
 from harness.results import load_document
@@ -50,8 +51,6 @@ def core_split(sut_cores: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]
     generator — the Locust process, its workers, the sampler — then runs where the server
     does not, so it neither takes CPU from the server it measures nor waits behind the
     server's threads to send on time. A server given every core shares them."""
-    from harness import sut
-
     split = sut.split_cores(sut_cores)
     return None if split.shared else (split.sut, split.loadgen)
 
@@ -91,9 +90,7 @@ class Target:
         if self.url is not None:
             check_target_url(self.url)
         if self.sut_cmd is not None:
-            from harness.load.preflight import check_sut_cmd
-
-            check_sut_cmd(self.sut_cmd)
+            sut.check_command(self.sut_cmd)
 
     def locust_args(self) -> list[str]:
         args: list[str] = []

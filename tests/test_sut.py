@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,15 @@ import psutil
 import pytest
 
 from harness.errors import ConfigError, TargetUnavailable
-from harness.sut import CoreSplit, SutProcess, attach, choose_cores, free_port, parse_cores
+from harness.sut import (
+    CoreSplit,
+    SutProcess,
+    attach,
+    check_command,
+    choose_cores,
+    free_port,
+    parse_cores,
+)
 
 # A small real HTTP server: /v2/health/ready answers 503 until READY_AFTER seconds have
 # passed, then 200; it runs two extra worker threads so pinning can be checked per thread.
@@ -85,6 +94,27 @@ def test_template_placeholders_and_bad_placeholder():
     assert s.url == "http://127.0.0.1:1234"
     with pytest.raises(ConfigError, match="bad placeholder"):
         SutProcess("srv --port {prot}")
+
+
+@pytest.mark.parametrize(
+    ("cmd", "extra", "message"),
+    [
+        ("srv", (), "no {port} placeholder"),
+        ("srv --port {port} --x {prot}", (), "bad placeholder {prot}"),
+        ("srv --port {port} {", (), "bad placeholder"),
+        ("srv --port {port} --mb {mb}", (), "bad placeholder {mb}"),
+    ],
+)
+def test_a_server_command_is_refused_before_anything_starts(cmd, extra, message):
+    """One check for every command that takes --sut-cmd (run, acceptance, agent, peak,
+    tune): {port} is required, other placeholders only those the command fills."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_command(cmd, extra)
+
+
+def test_a_server_command_may_use_its_commands_own_placeholders():
+    check_command("srv --port {port} --workers {threads} --literal {{x}}")
+    check_command("srv --port {port} --mb {mb}", extra=("mb",))
 
 
 @pytest.mark.slow

@@ -103,11 +103,11 @@ SUT_CMD_HELP = (
 
 
 def check_sut_cmd(sut_cmd: str | None) -> None:
-    """--sut-cmd: a {port} placeholder, no other than {port}/{threads} (the one check)."""
+    """--sut-cmd: a {port} placeholder, no other than {port}/{threads} (harness.sut's check)."""
     if sut_cmd:
-        from harness.load.preflight import check_sut_cmd as check
+        from harness.sut import check_command
 
-        check(sut_cmd)
+        check_command(sut_cmd)
 
 
 def check_attach(target: str | None, sut_pid: int | None) -> None:

@@ -71,22 +71,6 @@ def server_cores(facts: TargetFacts) -> tuple[int, ...] | None:
     return None
 
 
-def check_sut_cmd(cmd: str) -> None:
-    """``{port}`` must be there and no other placeholder than ``{port}``/``{threads}``."""
-    if "{port}" not in cmd:
-        raise ConfigError(
-            f"--sut-cmd has value {cmd!r} without a {{port}} placeholder; the harness picks "
-            'a free port, e.g. --sut-cmd "tritonserver --http-port {port}"'
-        )
-    try:
-        cmd.format(port=8000, threads=1)
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(
-            f"--sut-cmd has value {cmd!r}: bad placeholder {e}. Valid placeholders: {{port}}, "
-            "{threads} (write a literal brace as {{ or }})"
-        ) from None
-
-
 def check_transport(url: str | None, client: Any, timeout_s: float = 5.0) -> None:
     """An ``https://`` target: one TLS handshake before anything starts, so a certificate
     that does not verify (or a port that does not speak TLS) is a usage error in seconds

@@ -125,12 +125,3 @@ def point_scenario(cfg: PeakConfig, rate: float | None, seconds: float) -> str:
         f'"steady.throughput" = {{ stage = "{POINT_STAGE}" }}\n'
         '"accounting.balanced" = {}\n'
     )
-
-
-def check_sut_cmd(sut_cmd: str) -> None:
-    """A ``--sut-cmd`` must leave the port to the harness (ConfigError naming the fix)."""
-    if "{port}" not in sut_cmd:
-        raise ConfigError(
-            f"--sut-cmd has value {sut_cmd!r}: no {{port}} placeholder; the harness picks "
-            "the port, e.g. 'python -m reference_server --port {port}'"
-        )

@@ -40,11 +40,12 @@ from harness.peak.answer import (
     summarize,
     write_outputs,
 )
-from harness.peak.config import PeakConfig, check_sut_cmd, point_scenario
+from harness.peak.config import PeakConfig, point_scenario
 from harness.peak.outcomes import Point
 from harness.peak.point import classify
 from harness.peak.search import PeakSearch, SearchParams
 from harness.peak.server import ManagedServer
+from harness.sut import check_command as check_sut_cmd
 
 # what the CLI and `harness tune` take from here
 __all__ = ["NEW_LIFETIME", "PeakConfig", "quiet", "run_peak", "run_point", "search", "target_for"]

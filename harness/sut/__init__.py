@@ -6,6 +6,7 @@ ready, stop/restart it, or attach to one the user started.
   server's group when the process that started it dies, SIGKILL included);
 - ``attached.py``: ``AttachedSut`` / ``attach``, a server the user started (``--sut-pid``),
   followed across its supervisor's restarts;
+- ``command.py``: the ``--sut-cmd`` template's placeholders, checked once;
 - ``cores.py``: which cores the server and the load generator get;
 - ``host.py``: free ports, process trees, listeners, readiness polls, the pid file.
 
@@ -17,6 +18,7 @@ by name.
 from __future__ import annotations
 
 from harness.sut.attached import AttachedSut, attach
+from harness.sut.command import check_command
 from harness.sut.cores import CoreSplit, available_cores, choose_cores, parse_cores, split_cores
 from harness.sut.host import (
     free_port,
@@ -33,6 +35,7 @@ __all__ = [
     "CoreSplit",
     "SutProcess",
     "attach",
+    "check_command",
     "available_cores",
     "choose_cores",
     "free_port",

@@ -8,13 +8,13 @@ import itertools
 import math
 import re
 import shlex
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from harness.errors import ConfigError
 from harness.peak.config import PeakConfig
+from harness.sut.command import FILLED, check_command, placeholders
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -45,13 +45,8 @@ class Space:
             if any(n == name for n, _ in dims):
                 raise ConfigError(f"--space {name} is given twice; give each dimension once")
             dims.append((name, vals))
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        fields = placeholders(template)
         names = {n for n, _ in dims}
-        if "port" not in fields:
-            raise ConfigError(
-                f"--sut-cmd has value {template!r}: no {{port}} placeholder; the harness "
-                "picks the port, e.g. 'python -m reference_server --port {port} ...'"
-            )
         missing = sorted(names - fields)
         if missing:
             raise ConfigError(
@@ -59,12 +54,13 @@ class Space:
                 + " ".join(f"{{{m}}}" for m in missing)
                 + " where its value goes"
             )
-        unknown = sorted(fields - names - {"port", "threads"})
+        unknown = sorted(fields - names - set(FILLED))
         if unknown:
             raise ConfigError(
                 f"--sut-cmd has placeholder(s) {', '.join('{' + u + '}' for u in unknown)} "
                 "with no --space; add --space NAME=V1,V2 for each"
             )
+        check_command(template, extra=names)
         return cls(tuple(dims))
 
     @property
