@@ -26,15 +26,9 @@ import random
 import statistics
 import time
 
-from harness.peak.search import (
-    REFINE_MIN_EACH,
-    PeakSearch,
-    Point,
-    SearchParams,
-    answers_agree,
-    edge_confidence,
-    fit_edge,
-)
+from harness.analysis.edge import answers_agree, edge_confidence
+from harness.peak.outcomes import Point, fit_edge
+from harness.peak.search import REFINE_MIN_EACH, PeakSearch, SearchParams
 
 EDGE = 400.0
 

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.peak.search import answers_agree
+from harness.analysis.edge import answers_agree
 
 
 def main() -> int:

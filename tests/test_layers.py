@@ -84,13 +84,13 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
         ),
     ),
     # the plan (checked with the agent, --capacity=peak searched first), its scenarios in
-    # order, retries, merge, finish
+    # order, retries, merge, finish (and the peak search's one-line answer, from report)
     (
         "harness.acceptance",
         frozenset(
             {"harness.locust_run", "harness.finish", "harness.results", "harness.load"}
             | {"harness.checks", "harness.errors", "harness.sut", "harness.agent"}
-            | {"harness.peak"}
+            | {"harness.peak", "harness.report"}
         ),
     ),
     ("harness.cli", None),  # type: ignore[arg-type]  # the top: everything

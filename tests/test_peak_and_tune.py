@@ -15,16 +15,10 @@ from dataclasses import replace
 
 import pytest
 
+from harness.analysis.edge import edge_confidence
 from harness.errors import ConfigError
-from harness.peak.search import (
-    INVALID_TRIES,
-    PeakSearch,
-    Point,
-    SearchParams,
-    edge_confidence,
-    knee,
-    samples_needed,
-)
+from harness.peak.outcomes import INVALID_TRIES, Point, knee
+from harness.peak.search import PeakSearch, SearchParams, samples_needed
 from harness.testing.peak import drive as _drive
 
 

@@ -11,16 +11,10 @@ import random
 
 import pytest
 
+from harness.analysis.edge import EDGE_CI, fit_outcomes
 from harness.peak.answer import headline_peak
-from harness.peak.search import (
-    EDGE_CI,
-    INVALID_TRIES,
-    PeakSearch,
-    Point,
-    SearchParams,
-    fit_edge,
-    fit_outcomes,
-)
+from harness.peak.outcomes import INVALID_TRIES, Point, fit_edge
+from harness.peak.search import PeakSearch, SearchParams
 from harness.testing.peak import drive as _drive
 
 EDGE = 400.0
@@ -165,7 +159,7 @@ def test_repeats_interval_falls_short_of_its_nominal_confidence_on_a_gradual_edg
     """Why [L, U] is not the stated interval: the search picks its bounds after seeing
     the outcomes, so on an edge whose outcomes are mixed over ±12 % it holds the edge in
     about two searches of three, not the nominal 75 % — the figure the docs quote."""
-    from harness.peak.search import edge_confidence
+    from harness.analysis.edge import edge_confidence
 
     claimed = held = 0
     for seed in range(150):
@@ -260,7 +254,7 @@ def test_answers_agree_uses_the_facing_half_widths() -> None:
     """The 3-run criterion bench/peak.py and bench/edge_coverage.py judge by: measured
     runs (2026-12-02) — 529.2 [513.7, 547.2] and 531.1 [506.7, 583.3] agree; 529.2 and
     576.2 [533.6, 619.6] do not (47.0 apart, facing halves 18.1 and 42.5: 46.2)."""
-    from harness.peak.search import answers_agree
+    from harness.analysis.edge import answers_agree
 
     run1, run2, run3 = (529.15, 513.68, 547.21), (531.13, 506.66, 583.27), (576.17, 533.65, 619.64)
     assert answers_agree(run1, run2) and answers_agree(run2, run1)

@@ -16,9 +16,11 @@ import time
 
 import pytest
 
+from harness.analysis.edge import searches_interval
 from harness.peak.answer import headline_peak, summarize
 from harness.peak.config import PeakConfig
-from harness.peak.search import PeakSearch, Point, SearchParams, fit_edge, searches_interval
+from harness.peak.outcomes import Point, fit_edge
+from harness.peak.search import PeakSearch, SearchParams
 from harness.testing.peak import drive as _drive
 
 

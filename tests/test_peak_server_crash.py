@@ -15,8 +15,9 @@ from harness.errors import ExitCode
 from harness.peak import runner
 from harness.peak.answer import summarize
 from harness.peak.config import PeakConfig
+from harness.peak.outcomes import Point
 from harness.peak.point import classify, exit_text
-from harness.peak.search import PeakSearch, Point, SearchParams
+from harness.peak.search import PeakSearch, SearchParams
 
 CRASH_RPS = 300.0  # the simulated server meets the SLO below this rate and dies at it
 

@@ -17,7 +17,7 @@ import pytest
 from harness.errors import ExitCode
 from harness.peak import tune
 from harness.peak.config import PeakConfig
-from harness.peak.search import INVALID_TRIES, Point
+from harness.peak.outcomes import INVALID_TRIES, Point
 from harness.peak.tune import (
     MEASURED,
     NOT_MEASURED,

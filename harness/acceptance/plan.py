@@ -177,7 +177,8 @@ def with_peak_capacity(
     """--capacity=peak: find the peak under the SLO first (harness.peak, into OUT/peak)
     and pin it as every scenario's capacity (--capacity-rps), so "0.6x" is 60 % of what
     the server sustains within the SLO rather than of the raw closed-loop probe."""
-    from harness.peak.runner import PeakConfig, run_peak
+    from harness.peak.config import PeakConfig
+    from harness.peak.runner import run_peak
 
     if any(a.startswith("--capacity-rps") for a in plan.extra_args):
         raise ConfigError("--capacity=peak and --capacity-rps are both set; give one")
@@ -194,7 +195,7 @@ def with_peak_capacity(
     )
     peak = doc["peak"].get("peak_rps")
     if code != ExitCode.PASS or not peak:
-        from harness.peak.report import peak_sentence
+        from harness.report.peak import peak_sentence
 
         raise HarnessError(
             f"--capacity=peak found no peak: {peak_sentence(doc['peak'])} "

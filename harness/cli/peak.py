@@ -84,7 +84,7 @@ def _add_peak_options(p: argparse.ArgumentParser) -> None:
 
 
 def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
-    from harness.peak.runner import PeakConfig
+    from harness.peak.config import PeakConfig
 
     return PeakConfig(
         slo_p99_ms=args.slo_p99_ms,
@@ -193,8 +193,8 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_peak(args: argparse.Namespace) -> int:
-    from harness.peak.report import peak_sentence
     from harness.peak.runner import run_peak
+    from harness.report.peak import peak_sentence
 
     cfg = _peak_config(args, args.repeats)
     target = _peak_target(args)
@@ -284,8 +284,8 @@ def add_tune(sub: Subparsers) -> None:
 
 
 def _run_tune(args: argparse.Namespace) -> int:
-    from harness.peak.report import tune_sentence
     from harness.peak.tune import Space, TuneConfig, run_tune
+    from harness.report.tune import tune_sentence
 
     pc = _peak_config(args, args.repeats)
     space = Space.parse(args.space, args.sut_cmd)

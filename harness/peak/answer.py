@@ -9,19 +9,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.edge import EdgeFit, edge_confidence, searches_interval
 from harness.errors import ExitCode
 from harness.peak.config import PeakConfig
-from harness.peak.outcomes import Point
+from harness.peak.outcomes import Point, fit_edge, knee
 from harness.peak.point import server_gone
-from harness.peak.search import (
-    EdgeFit,
-    Estimate,
-    PeakSearch,
-    edge_confidence,
-    fit_edge,
-    knee,
-    searches_interval,
-)
+from harness.peak.search import Estimate, PeakSearch
 
 
 def summarize(

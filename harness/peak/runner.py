@@ -48,7 +48,7 @@ from harness.peak.server import ManagedServer
 from harness.sut import check_command as check_sut_cmd
 
 # what the CLI and `harness tune` take from here
-__all__ = ["NEW_LIFETIME", "PeakConfig", "quiet", "run_peak", "run_point", "search", "target_for"]
+__all__ = ["NEW_LIFETIME", "quiet", "run_peak", "run_point", "search", "target_for"]
 
 
 # --- one search ---------------------------------------------------------------------------

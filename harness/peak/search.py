@@ -38,48 +38,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-# the edge statistics and the points, re-exported: the search's public vocabulary
 from harness.analysis.edge import (
     EDGE_CI,
-    PROFILE_GRID,
-    EdgeFit,
-    SearchesInterval,
-    answers_agree,
     edge_confidence,
-    fit_outcomes,
-    searches_interval,
 )
 from harness.peak.outcomes import (
     INVALID_TRIES,
-    Outcome,
     Point,
     Verdicts,
     fit_edge,
-    knee,
 )
 
 __all__ = [
     "D_OPTIMAL",
-    "EDGE_CI",
-    "INVALID_TRIES",
-    "PROFILE_GRID",
     "REFINE_MIN_EACH",
-    "EdgeFit",
     "Estimate",
-    "Outcome",
     "PeakSearch",
-    "Point",
     "SearchParams",
-    "SearchesInterval",
     "Step",
-    "Verdicts",
-    "answers_agree",
-    "edge_confidence",
-    "fit_edge",
-    "fit_outcomes",
-    "knee",
     "samples_needed",
-    "searches_interval",
     "server_exit_step",
 ]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.peak.search import PeakSearch, Point
+from harness.peak.outcomes import Point
+from harness.peak.search import PeakSearch
 
 
 def drive(search: PeakSearch, judge: Callable[[float, bool], Point]) -> PeakSearch:
