@@ -357,41 +357,58 @@ FAULTS: tuple[Fault, ...] = (
     ),
 )  # fmt: skip
 
+
+def fault_help(faults: tuple[Fault, ...], details: str) -> str:
+    """The ``--fault`` help text of a catalog whose details live in ``details``."""
+    return (
+        "test-only defect switch (repeatable), defaults after '=': "
+        + ", ".join(f.usage + (f" ({f.summary})" if f.summary else "") for f in faults)
+        + f"; details in {details}"
+    )
+
+
+def fault_set_class(faults: tuple[Fault, ...], name: str, module: str) -> type:
+    """The frozen dataclass of one catalog's switches: every fault's fields, off by
+    default, with ``names()`` (canonical ``NAME[:PARAM]`` of the active faults, in
+    declaration order) and truth when any is on."""
+
+    def names(self: Any) -> list[str]:
+        return [shown for f in faults if (shown := f.shown(self)) is not None]
+
+    def any_on(self: Any) -> bool:
+        return bool(self.names())
+
+    return dataclasses.make_dataclass(
+        name,
+        [(n, typ, dataclasses.field(default=off)) for f in faults for n, typ, off in f.fields],
+        frozen=True,
+        namespace={"names": names, "__bool__": any_on, "__module__": module},
+    )
+
+
+def fault_parser(faults: tuple[Fault, ...], fault_set: type) -> Callable[[Iterable[str]], Any]:
+    """Parse repeated ``--fault NAME[:PARAM]`` values into a ``fault_set``."""
+    by_name = {f.name: f for f in faults}
+
+    def parse(specs: Iterable[str]) -> Any:
+        kw: dict[str, Any] = {}
+        for spec in specs:
+            name, _, param = spec.partition(":")
+            fault = by_name.get(name)
+            if fault is None:
+                raise _bad(spec, f"NAME[:PARAM] with NAME one of {', '.join(by_name)}")
+            kw.update(fault.parse(spec, param))
+        return fault_set(**kw)
+
+    return parse
+
+
+# public names for other catalogs (reference_server/llm/faults.py)
+switch_fault = _switch
+number_fault = _number
+
 FAULT_NAMES: tuple[str, ...] = tuple(f.name for f in FAULTS)
-_BY_NAME = {f.name: f for f in FAULTS}
-
-FAULT_HELP = (
-    "test-only defect switch (repeatable), defaults after '=': "
-    + ", ".join(f.usage + (f" ({f.summary})" if f.summary else "") for f in FAULTS)
-    + "; details in reference_server/fault_catalog.py"
-)
-
-
-def _names(self: Any) -> list[str]:
-    """Canonical ``NAME[:PARAM]`` strings of the active faults (in declaration order)."""
-    return [shown for f in FAULTS if (shown := f.shown(self)) is not None]
-
-
-def _any(self: Any) -> bool:
-    return bool(self.names())
-
-
+FAULT_HELP = fault_help(FAULTS, "reference_server/fault_catalog.py")
 # The switches of one server: every fault's fields, off by default.
-FaultSet = dataclasses.make_dataclass(
-    "FaultSet",
-    [(name, typ, dataclasses.field(default=off)) for f in FAULTS for name, typ, off in f.fields],
-    frozen=True,
-    namespace={"names": _names, "__bool__": _any, "__module__": __name__},
-)
-
-
-def parse_faults(specs: Iterable[str]) -> Any:
-    """Parse repeated ``--fault NAME[:PARAM]`` values into a FaultSet."""
-    kw: dict[str, Any] = {}
-    for spec in specs:
-        name, _, param = spec.partition(":")
-        fault = _BY_NAME.get(name)
-        if fault is None:
-            raise _bad(spec, f"NAME[:PARAM] with NAME one of {', '.join(FAULT_NAMES)}")
-        kw.update(fault.parse(spec, param))
-    return FaultSet(**kw)
+FaultSet = fault_set_class(FAULTS, "FaultSet", __name__)
+parse_faults = fault_parser(FAULTS, FaultSet)
