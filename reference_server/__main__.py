@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from reference_server.config import ConfigError, parse_config  # no numpy: see main
+from reference_server.config import ConfigError, parse_config, selected_api  # no numpy: see main
 
 
 def _pin_blas_threads(argv: list[str]) -> list[str]:
@@ -36,6 +36,12 @@ def _pin_blas_threads(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if selected_api(argv) == "openai":
+            return _main_llm(argv)
+    except ConfigError as exc:
+        print(f"python -m reference_server: error: {exc}", file=sys.stderr)
+        return 2
     argv = _pin_blas_threads(argv)
 
     try:
@@ -48,6 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     from reference_server.serve import serve
 
     return serve(config)
+
+
+def _main_llm(argv: list[str]) -> int:
+    """``--api openai``: the LLM server (reference_server/llm/, docs/llm-server.md)."""
+    from reference_server.llm.config import parse_llm_config
+
+    config = parse_llm_config(argv)
+    from reference_server.serve import serve_llm
+
+    return serve_llm(config)
 
 
 if __name__ == "__main__":

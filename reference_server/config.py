@@ -21,7 +21,10 @@ MODELS = ("mlp", "sim")
 DEFAULT_MLP_DIMS = (256, 8192, 4096, 10)
 DEFAULT_SIM_DIMS = (16, 4)
 
-__all__ = ["ConfigError", "ServerConfig", "build_parser", "parse_config"]
+# --api openai is the LLM server (reference_server/llm/), with its own flags
+APIS = ("kserve-v2", "openai")
+
+__all__ = ["APIS", "ConfigError", "ServerConfig", "build_parser", "parse_config", "selected_api"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reference dynamic-batching KServe V2 inference server.",
     )
     d = ServerConfig()
+    p.add_argument(
+        "--api",
+        choices=APIS,
+        default=APIS[0],
+        help="openai: the LLM server instead, with its own flags (--api openai --help)",
+    )
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--model", default=d.model, choices=MODELS)
@@ -183,9 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def selected_api(argv: Sequence[str]) -> str:
+    """The ``--api`` in argv (``kserve-v2`` when absent); ConfigError if not one of APIS."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--api", default=APIS[0])
+    api = p.parse_known_args(argv)[0].api
+    if api not in APIS:
+        raise ConfigError(f"--api has value {api!r}. Expected one of {', '.join(APIS)}.")
+    return api
+
+
 def parse_config(argv: Sequence[str] | None = None) -> ServerConfig:
     """Parse argv into a validated config; raises ConfigError on invalid values."""
     ns = build_parser().parse_args(argv)
+    if ns.api != APIS[0]:
+        raise ConfigError(f"--api {ns.api} is configured by reference_server.llm.config")
     return ServerConfig(
         host=ns.host,
         port=ns.port,

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 import uvicorn
@@ -16,15 +17,26 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from reference_server.app import ServerState, create_app, server_state
 from reference_server.config import ServerConfig
 
+if TYPE_CHECKING:
+    from reference_server.llm.api import LLMState
+    from reference_server.llm.config import LLMConfig
+
 log = logging.getLogger("reference_server")
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose exit signals start a drain instead of closing the socket."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: ServerState | LLMState,
+        drain_timeout_s: float,
+        exit_at_once: bool = False,
+    ) -> None:
         super().__init__(config)
         self.state = state
+        self.exit_at_once = exit_at_once
         self.drain_timeout_s = drain_timeout_s
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -35,7 +47,7 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.state.config.faults.no_drain:
+        if self.exit_at_once:
             # The planted defect: SIGTERM treated as SIGKILL, accepted requests dropped.
             log.warning("FAULT no-drain: received %s, exiting at once", signal.Signals(sig).name)
             os._exit(0)
@@ -64,15 +76,41 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(config: ServerConfig) -> int:
+def _setup_logging(level: str) -> None:
     logging.basicConfig(
-        level=config.log_level.upper(),
+        level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     # The *_created series double the exposition size and no consumer reads them.
     prometheus_client.disable_created_metrics()
+
+
+def serve(config: ServerConfig) -> int:
+    _setup_logging(config.log_level)
     app = create_app(config)
+    # the httptools protocol, or (reset-leak) one that leaks a socket per client reset
+    http = server_state(app).faults.http_protocol(HttpToolsProtocol)
+    state = server_state(app)
+    return _run(app, state, config, http, exit_at_once=config.faults.no_drain)
+
+
+def serve_llm(config: LLMConfig) -> int:
+    """The LLM server (``--api openai``) under the same uvicorn setup and SIGTERM drain."""
+    from reference_server.llm.api import create_llm_app
+
+    _setup_logging(config.log_level)
+    app = create_llm_app(config)
+    return _run(app, app.state.llm, config, HttpToolsProtocol, exit_at_once=False)
+
+
+def _run(
+    app: Any,
+    state: ServerState | LLMState,
+    config: ServerConfig | LLMConfig,
+    http: type,
+    exit_at_once: bool,
+) -> int:
     try:
         import uvloop  # noqa: F401
 
@@ -84,8 +122,7 @@ def serve(config: ServerConfig) -> int:
         host=config.host,
         port=config.port,
         loop=loop,
-        # the httptools protocol, or (reset-leak) one that leaks a socket per client reset
-        http=server_state(app).faults.http_protocol(HttpToolsProtocol),
+        http=http,
         lifespan="on",
         log_level=config.log_level,
         access_log=config.access_log,
@@ -94,7 +131,7 @@ def serve(config: ServerConfig) -> int:
         backlog=2048,
         proxy_headers=False,  # loopback reference server: no proxy, one wrapper less per request
     )
-    server = DrainingServer(uv_config, server_state(app), config.drain_timeout_s)
+    server = DrainingServer(uv_config, state, config.drain_timeout_s, exit_at_once)
     server.run()
     if not server.started:
         return 1
