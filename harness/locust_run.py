@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import locustfiles
-from harness import sut
+from harness import protocols, sut
 from harness.errors import ConfigError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV
 from harness.results import load_document
@@ -72,6 +72,8 @@ class Target:
     url: str | None = None
     sut_pid: int | None = None
     model: str | None = None
+    # the wire protocol's name (harness.protocols; None: the default, KServe V2)
+    protocol: str | None = None
     # deployment options (harness.load.options): headers as "Name: value", validated
     headers: tuple[str, ...] = ()
     ca_cert: str | None = None
@@ -91,6 +93,8 @@ class Target:
             check_target_url(self.url)
         if self.sut_cmd is not None:
             sut.check_command(self.sut_cmd)
+        if self.protocol is not None:
+            protocols.get(self.protocol)  # unknown: a ConfigError naming the valid ones
 
     def locust_args(self) -> list[str]:
         args: list[str] = []
@@ -103,6 +107,8 @@ class Target:
                 args += ["--sut-pid", str(self.sut_pid)]
         if self.model:
             args += ["--model", self.model]
+        if self.protocol:
+            args += ["--protocol", self.protocol]
         if self.ca_cert:
             args += ["--ca-cert", str(Path(self.ca_cert).resolve())]
         if self.insecure:

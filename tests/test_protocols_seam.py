@@ -197,8 +197,8 @@ def test_the_engine_builds_and_verifies_with_the_plans_protocol() -> None:
 
 @pytest.mark.slow
 def test_a_scenario_runs_and_is_judged_over_a_toy_protocol(tmp_path: Path) -> None:
-    """``harness run steady_state --quick`` against the toy server with ``--protocol``
-    naming the toy (each Locust process imports it by MODULE:ATTRIBUTE): the run
+    """``harness run steady_state --quick --protocol`` against the toy server
+    (each Locust process imports the toy by MODULE:ATTRIBUTE): the run
     completes, every answer is verified against its golden output, and it is judged."""
     out = tmp_path / "out"
     env = {
@@ -210,7 +210,7 @@ def test_a_scenario_runs_and_is_judged_over_a_toy_protocol(tmp_path: Path) -> No
             [
                 sys.executable, "-m", "harness", "run", "steady_state", "--quick",
                 "--target", url, "--out", str(out), "--checklist", str(MECHANICS_CHECKLIST),
-                f"--locust-arg=--protocol={__name__}:EchoProtocol",
+                "--protocol", f"{__name__}:EchoProtocol",
                 "--locust-arg=--duration=20",
             ],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
@@ -233,3 +233,35 @@ def test_a_scenario_runs_and_is_judged_over_a_toy_protocol(tmp_path: Path) -> No
     assert seen["GET /ready"] >= 1 and seen["GET /model"] >= 1 and seen["POST /echo"] > ok
     assert not any(path.startswith(("GET /v2", "POST /v2")) for path in seen)
     assert "server_stats" not in sc  # the toy has no statistics endpoint
+
+
+def test_every_command_that_reaches_a_server_takes_protocol(tmp_path: Path) -> None:
+    """``run``, ``acceptance``, ``peak``, ``tune`` and ``agent`` take ``--protocol`` and
+    refuse an unknown one in seconds (exit 2, one line naming the valid ones), before any
+    server starts."""
+    out = str(tmp_path / "o")
+    commands = {
+        "run": ["run", "steady_state"],
+        "acceptance": ["acceptance", "--quick"],
+        "peak": ["peak", "--slo-p99-ms", "100"],
+        "tune": [
+            "tune",
+            "--slo-p99-ms",
+            "100",
+            "--sut-cmd",
+            "s --port {port} {mb}",
+            "--space",
+            "mb=1,2",
+        ],
+        "agent": ["agent", "--token", "t"],
+    }
+    for name, argv in commands.items():
+        r = subprocess.run(
+            [sys.executable, "-m", "harness", *argv, "--protocol", "nope", "--out", out]
+            if name != "agent"
+            else [sys.executable, "-m", "harness", *argv, "--protocol", "nope"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 2, (name, r.stdout, r.stderr)
+        assert "--protocol has value 'nope'; valid: kserve-v2" in r.stderr, (name, r.stderr)
+        assert not (tmp_path / "o").exists(), name

@@ -86,6 +86,7 @@ class PlanRequest:
     url: str | None = None
     sut_pid: int | None = None
     model: str | None = None
+    protocol: str | None = None
     sut_cores: str | None = None
     headers: tuple[str, ...] | None = None  # None: $HARNESS_HEADER
     ca_cert: str | None = None
@@ -125,6 +126,7 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         url=r.url,
         sut_pid=r.sut_pid,
         model=r.model,
+        protocol=r.protocol,
         **_deployment(r),
         **_agent(r),
     )
@@ -191,6 +193,7 @@ def with_peak_capacity(
         sut_pid=t.sut_pid,
         sut_cores=sut_cores,
         model=t.model,
+        protocol=t.protocol,
         show=show,
     )
     peak = doc["peak"].get("peak_rps")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import protocols
 from harness.chaos.base import Action, proc_state
 from harness.chaos.timeline import DEFAULT_ACTIONS, ActionFactory
 from harness.collectors.child import sample_command, start_sample, stop_sample
@@ -72,6 +73,7 @@ class AgentConfig:
     sut_cmd: str | None = None
     sut_port: int | None = None  # its {port} (default: a free one)
     ready_timeout_s: float = 60.0
+    protocol: str | None = None  # the server's wire protocol, for its readiness path
 
     def validate(self) -> AgentConfig:
         if not self.token:
@@ -87,6 +89,8 @@ class AgentConfig:
             )
         if not self.lease_s > 0:
             raise ConfigError(f"--lease has value {self.lease_s}; expected seconds > 0")
+        if self.protocol is not None:
+            protocols.get(self.protocol)  # unknown: a ConfigError naming the valid ones
         return self
 
 
@@ -150,6 +154,7 @@ class Agent:
         self.sut = SutProcess(
             self.config.sut_cmd,
             port=self.config.sut_port,
+            ready_path=protocols.get(self.config.protocol or protocols.DEFAULT).ready_path,
             log_path=self.root / "sut.log",
             pid_file=self.root / "sut.pid",
         )

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from harness.cli.common import Subparsers, check_sut_cmd, positive_float
+from harness.cli.common import Subparsers, add_protocol, check_sut_cmd, positive_float
 
 
 def add_agent(sub: Subparsers) -> None:
@@ -56,6 +56,7 @@ def add_agent(sub: Subparsers) -> None:
     p.add_argument(
         "--sut-port", type=int, default=None, help="{port} of --sut-cmd (default: a free port)"
     )
+    add_protocol(p)
     p.set_defaults(handler=_run_agent)
 
 
@@ -71,6 +72,7 @@ def _run_agent(args: argparse.Namespace) -> int:
         root=args.dir,
         sut_cmd=args.sut_cmd,
         sut_port=args.sut_port,
+        protocol=args.protocol,
     ).validate()
     check_sut_cmd(args.sut_cmd)
 

@@ -81,6 +81,17 @@ def add_model(g: argparse._ActionsContainer) -> None:
     )
 
 
+def add_protocol(g: argparse._ActionsContainer) -> None:
+    from harness import protocols
+
+    g.add_argument(
+        "--protocol",
+        default=None,
+        help=f"the server's wire protocol: {', '.join(protocols.names())} (default "
+        f"{protocols.DEFAULT}), or MODULE:ATTRIBUTE naming a WireProtocol of one's own",
+    )
+
+
 def add_checklist(p: argparse._ActionsContainer) -> None:
     p.add_argument("--checklist", default=None, help="TOML file overriding check thresholds")
 

@@ -14,6 +14,7 @@ from harness.cli.common import (
     Subparsers,
     add_locust_arg,
     add_model,
+    add_protocol,
     add_sut_cores,
     add_sut_pid,
     add_target_url,
@@ -84,8 +85,11 @@ def _add_peak_options(p: argparse.ArgumentParser) -> None:
 
 
 def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
+    from harness import protocols
     from harness.peak.config import PeakConfig
 
+    if args.protocol is not None:
+        protocols.get(args.protocol)  # before anything is written or started
     return PeakConfig(
         slo_p99_ms=args.slo_p99_ms,
         max_error_rate=args.max_error_rate,
@@ -145,6 +149,7 @@ def add_peak(sub: Subparsers) -> None:
     add_sut_pid(p)
     add_sut_cores(p)
     add_model(p)
+    add_protocol(p)
     p.add_argument("--out", default="harness-results/peak", help="output directory")
     # 3: at 4 the edge on a shared 2-core box is mixed often enough that one run
     # of two spent its 30-point budget before the repeats held (interval 44 % wide)
@@ -188,6 +193,7 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
         "sut_pid": args.sut_pid,
         "sut_cores": args.sut_cores,
         "model": args.model,
+        "protocol": args.protocol,
         "extra_args": tuple(args.locust_arg),
     }
 
@@ -265,6 +271,7 @@ def add_tune(sub: Subparsers) -> None:
     )
     add_sut_cores(p)
     add_model(p)
+    add_protocol(p)
     p.add_argument("--out", default="harness-results/tune", help="output directory (+ state)")
     p.add_argument(
         "--fresh", action="store_true", help="ignore (delete) a state file left in --out"
@@ -315,6 +322,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         append=tuple(append),
         sut_cores=args.sut_cores,
         model=args.model,
+        protocol=args.protocol,
         extra_args=tuple(args.locust_arg),
     )
     out = Path(args.out)

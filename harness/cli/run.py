@@ -15,6 +15,7 @@ from harness.cli.common import (
     add_checklist,
     add_locust_arg,
     add_model,
+    add_protocol,
     add_sut_cores,
     add_sut_pid,
     add_target_url,
@@ -35,6 +36,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     add_target_url(g)
     add_sut_pid(g)
     add_model(g)
+    add_protocol(g)
     add_sut_cores(g)
     g.add_argument(
         "--header",
@@ -188,6 +190,7 @@ def plan_request(
         url=args.target,
         sut_pid=args.sut_pid,
         model=args.model,
+        protocol=args.protocol,
         sut_cores=args.sut_cores,
         headers=tuple(args.header) if args.header is not None else None,
         ca_cert=args.ca_cert,

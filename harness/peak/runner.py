@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness import protocols
 from harness.errors import ExitCode, TargetUnavailable
 from harness.locust_run import RunSettings, StopFlag, Target
 from harness.peak.answer import (
@@ -230,6 +231,7 @@ def target_for(
     model: str | None,
     log_path: Path,
     extra_args: tuple[str, ...] = (),
+    protocol: str | None = None,
 ) -> Iterator[tuple[RunSettings, Callable[[], str | None], dict[str, Any]]]:
     """The server the points go to, started here (kept between points) or the user's:
     (where the points go, ``gone`` — None while the server runs, else how it ended; always
@@ -239,16 +241,22 @@ def target_for(
         from harness.locust_run import core_split
 
         split = core_split(sut_cores)
-        with ManagedServer(sut_cmd, cores=sut_cores, log_path=log_path) as server:
+        ready_path = protocols.get(protocol or protocols.DEFAULT).ready_path
+        with ManagedServer(
+            sut_cmd, cores=sut_cores, log_path=log_path, ready_path=ready_path
+        ) as server:
             desc = {**server.proc.describe(), "time_to_ready_s": server.time_to_ready_s}
             loadgen = split[1] if split is not None else None
-            where = Target(url=server.url, sut_pid=server.pid, model=model)
+            where = Target(url=server.url, sut_pid=server.pid, model=model, protocol=protocol)
             points = RunSettings(target=where, extra_args=extra_args, loadgen_cores=loadgen)
             yield points, server.gone, desc
         return
     assert url is not None
     yield (
-        RunSettings(target=Target(url=url, sut_pid=sut_pid, model=model), extra_args=extra_args),
+        RunSettings(
+            target=Target(url=url, sut_pid=sut_pid, model=model, protocol=protocol),
+            extra_args=extra_args,
+        ),
         lambda: None,  # not ours to watch: a point's run records a server that died
         {"target": url, "pid": sut_pid, "cmd": None},
     )
@@ -264,6 +272,7 @@ def run_peak(
     sut_cores: str | None,
     model: str | None,
     extra_args: tuple[str, ...] = (),
+    protocol: str | None = None,
     show: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], ExitCode]:
     """The whole of ``harness peak``: the search (or ``cfg.searches`` of them), its
@@ -271,6 +280,8 @@ def run_peak(
     cfg.validate()
     if sut_cmd is not None:
         check_sut_cmd(sut_cmd)  # before anything is printed or measured
+    if protocol is not None:
+        protocols.get(protocol)
     started = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     where = {
@@ -279,6 +290,7 @@ def run_peak(
         "sut_pid": sut_pid,
         "sut_cores": sut_cores,
         "model": model,
+        "protocol": protocol,
         "extra_args": extra_args,
     }
     show(

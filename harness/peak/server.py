@@ -20,11 +20,12 @@ class ManagedServer:
         cores: str | None,
         log_path: Path,
         ready_timeout_s: float = 60.0,
+        ready_path: str | None = None,
     ) -> None:
         from harness import sut
 
         split = sut.split_cores(cores).sut
-        self.proc = sut.SutProcess(cmd, cores=split, log_path=log_path)
+        self.proc = sut.SutProcess(cmd, cores=split, log_path=log_path, ready_path=ready_path)
         self.ready_timeout_s = ready_timeout_s
         self.time_to_ready_s: float | None = None
 

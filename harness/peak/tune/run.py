@@ -109,6 +109,7 @@ class Tuner(HeadToHeadRounds):
                             sut_pid=None,
                             sut_cores=self.tc.sut_cores,
                             model=self.tc.model,
+                            protocol=self.tc.protocol,
                             log_path=log,
                             extra_args=self.tc.extra_args,
                         )
@@ -148,6 +149,7 @@ class Tuner(HeadToHeadRounds):
                     sut_pid=None,
                     sut_cores=self.tc.sut_cores,
                     model=self.tc.model,
+                    protocol=self.tc.protocol,
                     log_path=d / f"server-{lifetime}.log",
                     extra_args=self.tc.extra_args,
                 ) as (target, gone, _desc),

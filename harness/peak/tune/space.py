@@ -149,6 +149,7 @@ class TuneConfig:
     append: tuple[tuple[tuple[tuple[str, str], ...], str], ...] = ()
     sut_cores: str | None = None
     model: str | None = None
+    protocol: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def identity(self) -> dict[str, Any]:
