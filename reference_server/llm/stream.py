@@ -125,8 +125,9 @@ class StreamWriter:
             if len(held) < self.per_event and not seq.finished:
                 continue  # coalesce: wait for N tokens
             if self.stall_s is not None and self.sent + len(held) >= STALL_AFTER_TOKENS:
-                await self._flush(held[: STALL_AFTER_TOKENS - self.sent])
-                held = held[STALL_AFTER_TOKENS - self.sent :]
+                cut = STALL_AFTER_TOKENS - self.sent
+                await self._flush(held[:cut])
+                held = held[cut:]
                 await self._stall()
                 continue
             whole = len(held) if seq.finished else len(held) - len(held) % self.per_event
