@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import os
 import re
 import ssl as _stdlib_ssl
@@ -253,10 +254,23 @@ def _tls_failure(host: str, port: int, exc: Exception, client: Client) -> TLSFai
     return TLSFailed(f"TLS handshake with {host}:{port} failed ({why}); {fix}")
 
 
+def ip_family(host: str) -> int | None:
+    """The address family of an IP literal (``127.0.0.1``, ``::1``); None for a name."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+
+
+# An idle keep-alive socket's liveness, asked without waiting: peek one byte.
+_PEEK_NOW = socket.MSG_PEEK | socket.MSG_DONTWAIT
+
+
 class Connection:
     """One keep-alive connection, used by one greenlet at a time."""
 
-    __slots__ = ("host", "port", "connect_timeout", "sock", "client")
+    __slots__ = ("host", "port", "connect_timeout", "sock", "client", "family", "_timer")
 
     def __init__(
         self, host: str, port: int, connect_timeout: float = 5.0, client: Client | None = None
@@ -266,6 +280,10 @@ class Connection:
         self.connect_timeout = connect_timeout
         self.client = client if client is not None else _client
         self.sock: Any = None  # gevent socket, or gevent SSLSocket over one
+        # an IP literal is connected to directly; a name is resolved at every connect
+        self.family = ip_family(host)
+        # the request deadline: one timer per connection, re-armed for each exchange
+        self._timer: gevent.Timeout | None = None
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -277,6 +295,16 @@ class Connection:
         # An idle keep-alive socket must not be readable; readable means FIN or junk.
         sock = self.sock
         if sock is None:
+            return False
+        plain = getattr(sock, "_sock", None)  # the OS socket under a plain gevent socket
+        if plain is not None and not isinstance(sock, gssl.SSLSocket):
+            # one non-blocking peek: nothing to read (alive), or FIN / junk / error (dead)
+            try:
+                plain.recv(1, _PEEK_NOW)
+            except BlockingIOError:
+                return True
+            except (OSError, ValueError):
+                return False
             return False
         try:
             readable, _, _ = select.select([sock], [], [], 0.0)
@@ -302,7 +330,17 @@ class Connection:
                 sock.settimeout(None)
 
     def _connect(self) -> Any:
-        sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        if self.family is None:
+            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        else:
+            # an IP literal: no resolver round trip (gevent's runs on a thread pool)
+            sock = socket.socket(self.family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.connect((self.host, self.port))
+            except BaseException:
+                sock.close()
+                raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ctx = self.client.ssl_context()
         if ctx is not None:
@@ -324,8 +362,12 @@ class Connection:
         Raises RequestTimeout after ``timeout`` seconds, ConnectionFailed on any socket or
         protocol error; in both cases the connection is closed, never reused.
         """
-        timer = gevent.Timeout(timeout, RequestTimeout)
-        timer.start()
+        timer = self._timer
+        if timer is None or timer.seconds != timeout:
+            if timer is not None:
+                timer.close()
+            timer = self._timer = gevent.Timeout(timeout, RequestTimeout)
+        timer.start()  # raises RequestTimeout into this greenlet after ``timeout`` s
         try:
             sock = self.sock if self._alive() else None
             if sock is None:
@@ -360,7 +402,7 @@ class Connection:
             self.close()
             raise
         finally:
-            timer.close()
+            timer.cancel()
 
 
 class ConnectionPool:

@@ -113,7 +113,8 @@ class Recording:
             raise ValueError(f"window_s has value {window_s!r}; expected a positive number")
         self.window_s = float(window_s)
         self.first_n = int(first_n)
-        self.classes: dict[str, Cell] = {}
+        # per (stage, class) and per (window, class); the per-class cells are the sum of
+        # the stage cells (``classes``), added up when read rather than on every request
         self.stages: dict[str, dict[str, Cell]] = {}
         self.windows: dict[int, dict[str, Cell]] = {}
         self.dispatch_lag = hdr.new_histogram()
@@ -139,10 +140,20 @@ class Recording:
 
     # -- recording (worker side) ------------------------------------------------------
 
-    def _cells(self, cls: str, stage: str, t: float) -> tuple[Cell, Cell, Cell]:
-        c = self.classes.get(cls)
-        if c is None:
-            c = self.classes[cls] = Cell()
+    @property
+    def classes(self) -> dict[str, Cell]:
+        """Per traffic class: its cells of every stage added up (every request recorded
+        is in exactly one stage)."""
+        out: dict[str, Cell] = {}
+        for cells in self.stages.values():
+            for cls, cell in cells.items():
+                total = out.get(cls)
+                if total is None:
+                    total = out[cls] = Cell()
+                total.add_cell(cell)
+        return out
+
+    def _cells(self, cls: str, stage: str, t: float) -> tuple[Cell, Cell]:
         st = self.stages.get(stage)
         if st is None:
             st = self.stages[stage] = {}
@@ -156,7 +167,7 @@ class Recording:
         wc = wd.get(cls)
         if wc is None:
             wc = wd[cls] = Cell()
-        return c, s, wc
+        return s, wc
 
     def scheduled(self, cls: str, stage: str, t: float) -> None:
         """One request's intended send time has come (sent or about to be dropped)."""
@@ -286,7 +297,6 @@ class Recording:
                 [[c, s, n] for (c, s), n in self.in_flight_by_cell.items()] if final else []
             ),
         }
-        self.classes = {}
         self.stages = {}
         self.dispatch_lag = hdr.new_histogram()
         self.error_latency = hdr.new_histogram()
@@ -309,8 +319,8 @@ class Recording:
 
     def merge(self, delta: Mapping[str, Any], source: str = "local") -> None:
         """Add a worker's ``drain()`` delta; summarise windows every source has completed."""
-        for c, data in (delta.get("classes") or {}).items():
-            self.classes.setdefault(c, Cell()).add(data)
+        # "classes" is the sum of "stages" (see ``classes``): only counted per source
+        for data in (delta.get("classes") or {}).values():
             self.by_source[source] += int((data.get("c") or {}).get("scheduled", 0))
         for s, d in (delta.get("stages") or {}).items():
             st = self.stages.setdefault(s, {})
