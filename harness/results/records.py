@@ -236,7 +236,7 @@ class ServerStats(TypedDict):
     protocol's statistics endpoint: Triton's statistics extension for KServe V2), absent
     when the server does not offer it."""
 
-    source: Literal["v2-statistics"]
+    source: str  # the protocol's name for its statistics endpoint, e.g. "v2-statistics"
     url: str
     model: str
     stages: dict[str, ServerStatsStage]
