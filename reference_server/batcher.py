@@ -3,6 +3,29 @@
 It knows nothing about HTTP. ``BatchQueue`` (batch_queue.py) is the pure part (explicit
 ``now``, testable with literal times); ``Batcher`` drives it on an asyncio loop with an injected clock and
 runs batches on N model-worker threads so the event loop keeps serving while they compute.
+
+When a batch goes (``Batcher._wait_s``), checked on every arrival, every finished batch
+and when a wait runs out:
+
+* no model worker free, or nothing queued: nothing goes; queued requests keep joining
+  the batch that will go when a worker frees (as Triton's payload grows while it waits
+  for a model instance);
+* a full batch (``max_batch_size`` rows, or the backoff-batching cap), or one request
+  per batch (no-batching, stall-trip): it goes at once;
+* **nobody else is expected**: the requests held now, queued plus computing, are at
+  least as many as the most the server held at once during the previous dispatch cycle
+  (dispatch to dispatch). The partial batch goes at once: a lone request at low load, or
+  the last of C closed-loop clients, never waits for company that is not coming;
+* otherwise the batch is held open for company, at most ``max_delay_s`` counted from
+  when it could first have run (the later of its oldest request's arrival and the moment
+  a worker became free), then goes with what it has.
+
+So a batch waits only while the recent load says more requests are on their way: at
+low load a request costs what it costs without batching, under load batches fill as
+with a fixed delay. The previous cycle's peak follows the load within two dispatches,
+up or down. Triton's dynamic batcher holds every partial batch for
+``max_queue_delay_microseconds`` when that is set, and never holds one at its default of
+0; this rule holds one only while company is expected.
 """
 
 from __future__ import annotations
@@ -124,6 +147,11 @@ class Batcher:
         self._rng = random.Random(config.seed)
         self._busy = 0
         self._worker_free_since = float("-inf")
+        self.computing = 0  # requests in batches a worker is running
+        # Most requests held at once (queued + computing) since the last dispatch, and
+        # during the cycle before it: how much company a partial batch may expect.
+        self._peak_this_cycle = 0
+        self.peak_last_cycle = 0
         self._running: set[tuple[Pending, ...]] = set()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -221,6 +249,9 @@ class Batcher:
         item.future = self._loop.create_future()
         if timeout_s is not None:
             item.timer = self._loop.call_later(timeout_s, self._expire, item)
+        held = self.queue.live + self.computing
+        if held > self._peak_this_cycle:
+            self._peak_this_cycle = held
         self._obs.on_queue_depth(level, self.queue.depth(level))
         self._wake.set()
         return item.future
@@ -252,9 +283,11 @@ class Batcher:
     def _wait_s(self, now: float) -> float | None:
         """0 = dispatch now; > 0 = wait at most this long for company; None = nothing to do.
 
-        A partial batch is held open for company at most ``max_delay_s`` counted from
-        when it could first have run: the later of its oldest request's arrival and the
-        moment a worker became free. Time spent waiting for a busy worker is not time
+        A partial batch goes at once when nobody else is expected: the requests held now
+        (queued + computing) are at least the most held at once during the previous
+        dispatch cycle. Otherwise it is held open for company at most ``max_delay_s``
+        counted from when it could first have run: the later of its oldest request's
+        arrival and the moment a worker became free. Time spent waiting for a busy worker is not time
         spent waiting for company; counting it would dispatch every partial batch at
         once under load, and a closed loop of C clients would settle into alternating
         half batches of C/2.
@@ -262,6 +295,8 @@ class Batcher:
         if self._busy >= self.config.workers or self.queue.live == 0:
             return None
         if self.config.one_request_per_batch or self.queue.live_rows >= self._max_rows(now):
+            return 0.0
+        if self.queue.live + self.computing >= self.peak_last_cycle:
             return 0.0
         oldest = self.queue.oldest()
         if oldest is None:
@@ -316,6 +351,9 @@ class Batcher:
             return
         self._obs.on_batch(len(live), sum(p.n for p in live), [now - p.enqueued for p in live])
         self._busy += 1
+        self.computing += len(live)
+        self.peak_last_cycle = self._peak_this_cycle
+        self._peak_this_cycle = self.queue.live + self.computing
         key = tuple(live)
         self._running.add(key)
         cf = self._loop.run_in_executor(self._executor, self._execute, key)
@@ -334,6 +372,7 @@ class Batcher:
             self._abandon_pending = False
             self.abandoned += self.abandon_queue()
         self._busy -= 1
+        self.computing -= len(batch)
         self._worker_free_since = self._clock()
         self._running.discard(batch)
         assert self._wake is not None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -262,6 +264,7 @@ def test_hold_open_window_counts_from_when_a_worker_is_free() -> None:
         BatcherConfig(max_batch_size=4, max_delay_s=0.005, levels=1),
         clock=lambda: now[0],
     )
+    b.peak_last_cycle = 4  # the previous cycle held four requests: company is expected
     assert b._wait_s(now[0]) is None  # nothing queued
     b.queue.offer(item(0, 0.0))
     now[0] = 0.001
@@ -276,6 +279,69 @@ def test_hold_open_window_counts_from_when_a_worker_is_free() -> None:
     for t in range(3):
         b.queue.offer(item(0, 0.011 + t))
     assert b._wait_s(now[0]) == 0.0  # a full batch goes at once
+
+
+def test_a_partial_batch_goes_at_once_when_nobody_else_is_expected() -> None:
+    now = [0.0]
+    b = Batcher(
+        lambda x: x,
+        BatcherConfig(max_batch_size=8, max_delay_s=0.005, levels=2),
+        clock=lambda: now[0],
+    )
+    b.queue.offer(item(1, 0.0))
+    assert b._wait_s(now[0]) == 0.0  # no previous cycle: a first request never waits
+    b.peak_last_cycle = 1
+    assert b._wait_s(now[0]) == 0.0  # one request was all the previous cycle held
+    b.peak_last_cycle = 3
+    assert b._wait_s(now[0]) == pytest.approx(0.005)  # two more may come: held open
+    b.queue.offer(item(0, 0.0))
+    b.computing = 1  # a second worker computes one of the three
+    assert b._wait_s(now[0]) == 0.0  # queued + computing = 3: everyone is here
+    b.computing = 0
+    b.config = BatcherConfig(max_batch_size=8, max_delay_s=0.005, levels=2, workers=2)
+    b._busy = 1
+    assert b._wait_s(now[0]) == pytest.approx(0.005)  # one worker free, one request missing
+    b._busy = 2
+    assert b._wait_s(now[0]) is None  # no worker free: the batch grows while it waits
+
+
+def test_closed_loop_clients_never_wait_for_company_that_is_not_coming() -> None:
+    """C clients that resubmit as soon as they are answered: once the batcher has seen
+    them all, each round's batch is all C and goes without the (here 1 s) delay; when
+    only one client is left, its requests wait for the others at most twice."""
+    sizes: list[int] = []
+
+    def run(x: np.ndarray) -> np.ndarray:
+        sizes.append(x.shape[0])
+        return x
+
+    async def client(b: Batcher, rounds: int) -> list[float]:
+        waits = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            await b.submit(np.zeros((1, 2), np.float32), 0, None)
+            waits.append(time.perf_counter() - t0)
+        return waits
+
+    async def main() -> tuple[float, list[float]]:
+        b = Batcher(run, BatcherConfig(max_batch_size=8, max_delay_s=1.0, levels=1))
+        await b.start()
+        try:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client(b, 5) for _ in range(3)))
+            three = time.perf_counter() - t0
+            b.config = dataclasses.replace(b.config, max_delay_s=0.05)
+            alone = await client(b, 5)
+        finally:
+            await b.stop()
+        return three, alone
+
+    three, alone = asyncio.run(main())
+    assert sizes[:5] == [3] * 5  # every round of three went as one batch ...
+    assert three < 0.5  # ... at once: a 1 s wait in any round would show
+    assert sizes[5:] == [1] * 5
+    assert all(w >= 0.04 for w in alone[:2])  # the recent peak of three: held open
+    assert all(w < 0.04 for w in alone[2:])  # two cycles later: alone, and goes at once
 
 
 def test_infer_path_parsing() -> None:
