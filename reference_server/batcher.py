@@ -287,10 +287,10 @@ class Batcher:
         (queued + computing) are at least the most held at once during the previous
         dispatch cycle. Otherwise it is held open for company at most ``max_delay_s``
         counted from when it could first have run: the later of its oldest request's
-        arrival and the moment a worker became free. Time spent waiting for a busy worker is not time
-        spent waiting for company; counting it would dispatch every partial batch at
-        once under load, and a closed loop of C clients would settle into alternating
-        half batches of C/2.
+        arrival and the moment a worker became free. Time spent waiting for a busy
+        worker is not time spent waiting for company; counting it would dispatch every
+        partial batch at once under load, and a closed loop of C clients would settle
+        into alternating half batches of C/2.
         """
         if self._busy >= self.config.workers or self.queue.live == 0:
             return None
