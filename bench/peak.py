@@ -1,8 +1,8 @@
 """Is `harness peak` repeatable? N runs on the reference server, each with its interval.
 
-Done-when of issue 14: the runs give the same peak within their stated intervals (every
-pair's difference within the root sum of squares of the facing half-widths:
-`harness.peak.search.answers_agree`), and the intervals are narrower than the spread of
+What it shows: the runs give the same peak within their stated intervals (every pair's
+difference within the root sum of squares of the facing half-widths:
+`harness.analysis.edge.answers_agree`), and the intervals are narrower than the spread of
 the capacity probe the harness used before (519–679 req/s on this box: 27 % of its mean),
 which each run's first point measures again here. Each run is a default `harness peak`:
 6 searches on fresh servers, the interval Student's t over them (15–30 min a run); pass
