@@ -26,6 +26,10 @@ from typing import Protocol
 from reference_server.llm.kv_cache import KVCache, block_hashes
 from reference_server.llm.tokens import token_at
 
+# the step loop's timer correction: each step's error moves the slack by this share of it
+SLACK_GAIN = 0.1
+SLACK_MAX_S = 0.002
+
 
 class QueueFull(Exception):
     """The waiting queue holds ``max_waiting`` sequences."""
@@ -110,7 +114,7 @@ class Sequence:
 
 
 class EngineObserver(Protocol):
-    def on_step(self, running: int, waiting: int, kv_usage: float, lateness_s: float) -> None: ...
+    def on_step(self, running: int, waiting: int, kv_usage: float, error_s: float) -> None: ...
     def on_preemption(self) -> None: ...
     def on_prefix_lookup(self, queried: int, hit: int) -> None: ...
     def on_token(self, seq: Sequence, now: float, first: bool) -> None: ...
@@ -383,12 +387,14 @@ class Engine:
 
     async def run(self) -> None:
         """Step while there is work; sleep each step's modelled time. A step starts at
-        the previous step's modelled end, so the loop's own CPU time is absorbed."""
+        the previous step's modelled end, so the loop's own CPU time is absorbed, and
+        each sleep is shortened by the timer's learned lateness (``slack``), so a step's
+        actual end is centred on its modelled end."""
         start: float | None = None
+        slack = 0.0
         while not self._stopping:
             if self.idle:
                 self._wake.clear()
-                self._report(0.0)
                 await self._wake.wait()
                 start = None
                 continue
@@ -398,19 +404,22 @@ class Engine:
             self.expire(now)
             step = self.schedule()
             end = start + step.seconds
-            delay = end - self.clock()
+            delay = end - self.clock() - slack
             if delay > 0:
                 await self.sleep(delay)
             else:
                 await asyncio.sleep(0)  # let the streams run
             actual = self.clock()
             self.commit(step, actual)
-            self._report(actual - end)
+            error = actual - end
+            slack = min(SLACK_MAX_S, max(0.0, slack + SLACK_GAIN * error))
+            self._report(error)
             start = end
+        self._report(0.0)
 
-    def _report(self, lateness_s: float) -> None:
+    def _report(self, error_s: float) -> None:
         if self.observer is not None:
-            self.observer.on_step(len(self.running), self.num_waiting, self.kv.usage(), lateness_s)
+            self.observer.on_step(len(self.running), self.num_waiting, self.kv.usage(), error_s)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="llm-engine")

@@ -22,8 +22,8 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
-# step lateness (actual end - modelled end): fine below the 2 ms the step loop must keep
-_LATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+# step timing error |actual end - modelled end|: fine below the 2 ms the step loop must keep
+_STEP_ERROR_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.05)
 
 
 class LLMMetrics:
@@ -95,10 +95,10 @@ class LLMMetrics:
             ["reason"],
             registry=r,
         )
-        self.lateness = Histogram(
-            "refserver_llm_step_lateness_seconds",
-            "Actual minus modelled end of each step",
-            buckets=_LATE_BUCKETS,
+        self.step_error = Histogram(
+            "refserver_llm_step_error_seconds",
+            "|actual - modelled end| of each step with running sequences",
+            buckets=_STEP_ERROR_BUCKETS,
             registry=r,
         )
         faults = Gauge(
@@ -110,16 +110,14 @@ class LLMMetrics:
         for name in fault_names:
             faults.labels(name.split(":")[0]).set(1)
 
-    # fmt: skip
-
     # -- EngineObserver ---------------------------------------------------------------
 
-    def on_step(self, running: int, waiting: int, kv_usage: float, lateness_s: float) -> None:
+    def on_step(self, running: int, waiting: int, kv_usage: float, error_s: float) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
         if running:
-            self.lateness.observe(max(lateness_s, 0.0))
+            self.step_error.observe(abs(error_s))
 
     def on_preemption(self) -> None:
         self.preemptions.inc()
