@@ -170,3 +170,29 @@ def test_kept_golden_outputs_are_reused_only_for_the_same_server_process(tmp_pat
         assert {k: v for k, v in new_key.items() if k not in ("pid", "started")} == {
             k: v for k, v in key.items() if k not in ("pid", "started")
         }
+
+
+def test_own_distance_agrees_with_classify_and_refuses_what_is_not_a_number() -> None:
+    """The numpy-free check of the common case: within τ of its own golden output → the
+    distance; anything else (NaN, inf, a bool, a string, a huge int, another length) →
+    None, and classify then judges it exactly as before."""
+    outs = [[float(i), float(i) * 2, 0.5] for i in range(8)]
+    g = build_golden(outs)
+    assert g.own_distance(3, [3.0, 6.0, 0.5]) == 0.0
+    close = [3.0 + g.tolerance / 2, 6.0, 0.5]
+    assert g.own_distance(3, close) == pytest.approx(g.tolerance / 2)
+    assert g.classify(3, close).kind == "ok"
+    for wrong in (
+        [float("nan"), 6.0, 0.5],
+        [3.0, float("inf"), 0.5],
+        [True, 6.0, 0.5],
+        ["3", 6.0, 0.5],
+        [10**400, 6.0, 0.5],
+        [3.0, 6.0],
+        outs[4],
+    ):
+        assert g.own_distance(3, wrong) is None
+    assert g.classify(3, [float("nan"), 6.0, 0.5]).kind == "drift"
+    assert g.classify(3, outs[4]).kind == "cross_wired"
+    assert g.classify(3, [10**400, 6.0, 0.5]).kind == "drift"  # not an exception
+    assert g.classify(3, [3, 6, 0.5]).kind == "ok"  # ints are numbers

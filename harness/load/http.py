@@ -4,7 +4,10 @@ Why not geventhttpclient's ``HTTPClient``: when a read is interrupted (our per-r
 deadline), its response object hands a keep-alive socket *back to the pool*, and the late
 answer is then read as the next request's — a false cross-wire. Here any
 exception or deadline closes the connection. Requests are pre-built bytes, so the hot
-path is one ``sendall`` and a few ``recv`` calls through geventhttpclient's C parser.
+path is one ``sendall`` and a few ``recv`` calls. An answer framed by one Content-Length
+(what inference servers send) is read by ``plain_framing`` from its head; any other
+(chunked, unframed, 1xx, a head it does not read as plain) goes through geventhttpclient's
+C parser.
 """
 
 from __future__ import annotations
@@ -36,6 +39,54 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Framing is the client's: a user value for these would desynchronise keep-alive.
 _RESERVED = {"content-length", "transfer-encoding", "connection"}
 HEADER_EXAMPLE = "--header 'Authorization: Bearer TOKEN'"
+
+
+# A head longer than this is left to geventhttpclient's parser.
+MAX_PLAIN_HEAD = 16384
+
+
+def plain_framing(buf: bytes | bytearray, end: int, method: str) -> tuple[int, int, bool] | None:
+    """(status, body length, close after it) of an answer whose head ``buf[:end]`` is
+    plain HTTP/1.x framed by one Content-Length; None for anything else (a chunked or
+    unframed body, a status without a body, an unexpected line), which is then left to
+    geventhttpclient's parser, as every answer was before. "Close after it" follows
+    HTTP/1.1 (``Connection: close``) and HTTP/1.0 (closed unless ``keep-alive``)."""
+    if method == "HEAD":
+        return None
+    lines = bytes(buf[:end]).split(b"\r\n")
+    first = lines[0]
+    if first[:9] not in (b"HTTP/1.1 ", b"HTTP/1.0 ") or (len(first) > 12 and first[12] != 32):
+        return None
+    code = first[9:12]
+    if not code.isdigit():
+        return None
+    status = int(code)
+    if status < 200 or status in (204, 304):
+        return None
+    http10 = first[7] == 48  # "0"
+    close = http10
+    length = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[-1] in (32, 9) or name[0] in (32, 9):
+            return None  # not "name: value" (or a folded line): the parser decides
+        name = name.lower()
+        if name == b"content-length":
+            value = value.strip()
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return None
+        elif name == b"connection":
+            tokens = {t.strip() for t in value.lower().split(b",")}
+            if b"close" in tokens:
+                close = True
+            elif b"keep-alive" in tokens:
+                close = False
+    if length is None:
+        return None
+    return status, length, close
 
 
 class RequestTimeout(Exception):
@@ -374,15 +425,28 @@ class Connection:
                 self.close()
                 sock = self._connect()
             sock.sendall(raw)
-            resp = HTTPResponse(method=method)
-            while not resp.message_complete:
+            buf = bytearray()
+            end = -1
+            while end < 0 and len(buf) <= MAX_PLAIN_HEAD:
                 data = sock.recv(RECV_SIZE)
                 if not data:
                     raise ConnectionFailed("connection closed by the server before the answer")
-                resp.feed(data)
-            status = resp.status_code
-            body = bytes(resp._body_buffer)
-            if resp.should_close():
+                buf += data
+                end = buf.find(b"\r\n\r\n")
+            framing = plain_framing(buf, end, method) if end >= 0 else None
+            if framing is None:
+                return self._parse_rest(sock, bytes(buf), method)
+            status, length, close = framing
+            start = end + 4
+            need = start + length
+            while len(buf) < need:
+                data = sock.recv(max(RECV_SIZE, need - len(buf)))
+                if not data:
+                    raise ConnectionFailed("connection closed by the server before the answer")
+                buf += data
+            body = bytes(buf[start:need])
+            if close or len(buf) > need:
+                # bytes after the answer were never asked for: never reuse the connection
                 self.close()
             return status, body
         except RequestTimeout:
@@ -403,6 +467,22 @@ class Connection:
             raise
         finally:
             timer.cancel()
+
+    def _parse_rest(self, sock: Any, received: bytes, method: str) -> tuple[int, bytes]:
+        """The answer through geventhttpclient's parser (chunked, no length, 1xx, ...),
+        from the bytes already ``received``."""
+        resp = HTTPResponse(method=method)
+        resp.feed(received)
+        while not resp.message_complete:
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                raise ConnectionFailed("connection closed by the server before the answer")
+            resp.feed(data)
+        status = resp.status_code
+        body = bytes(resp._body_buffer)
+        if resp.should_close():
+            self.close()
+        return status, body
 
 
 class ConnectionPool:

@@ -122,7 +122,10 @@ class Golden:
             return Verdict("drift", None, None)
         if len(values) != self._matrix.shape[1] or not _numeric(values):
             return Verdict("drift", None, None)
-        v = np.asarray(values, dtype=np.float64)
+        try:
+            v = np.asarray(values, dtype=np.float64)
+        except OverflowError:  # an integer no float holds: not anyone's output
+            return Verdict("drift", None, None)
         own = float(np.abs(v - self._matrix[index]).max())
         if own <= self.tolerance:
             return Verdict("ok", index, own)

@@ -1,0 +1,175 @@
+"""The load client reads each answer as HTTP frames it: its status, its body, and whether
+the connection may carry the next request — whether the head is read directly (one
+Content-Length) or left to geventhttpclient's parser (anything else)."""
+
+from __future__ import annotations
+
+import itertools
+
+import gevent
+import pytest
+from gevent.server import StreamServer
+
+from harness.load import http
+
+
+def _answering(*answers: bytes, split: int | None = None):
+    """A server answering its k-th request (on any connection) with ``answers[k]`` as
+    given, in two writes split at byte ``split`` when set."""
+    counter = itertools.count()
+
+    def handle(sock, _addr):
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(buf) < length:
+                buf += sock.recv(65536)
+            buf = buf[length:]
+            answer = answers[next(counter)]
+            if split is None:
+                sock.sendall(answer)
+            else:
+                sock.sendall(answer[:split])
+                gevent.sleep(0.02)
+                sock.sendall(answer[split:])
+
+    server = StreamServer(("127.0.0.1", 0), handle)
+    server.start()
+    return server
+
+
+def _raw(port: int) -> bytes:
+    body = b"{}"
+    return http.build_head("POST", "/x", "127.0.0.1", port, len(body)) + body
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected", "reused"),
+    [
+        # read from the head: one Content-Length
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", (200, b"hello"), True),
+        (b"HTTP/1.1 503\r\ncontent-length: 4\r\n\r\nbusy", (503, b"busy"), True),
+        (
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi",
+            (200, b"hi"),
+            False,
+        ),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nhi", (200, b"hi"), False),
+        (
+            b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 2\r\n\r\nhi",
+            (200, b"hi"),
+            True,
+        ),
+        # left to geventhttpclient's parser: chunked, and no body
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            (200, b"hello"),
+            True,
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", (204, b""), True),
+    ],
+)
+@pytest.mark.parametrize("split", [None, 20, 40])
+def test_answers_are_framed_as_http_says(answer, expected, reused, split) -> None:
+    """In one piece or in two, an answer is its status and body, and the connection is
+    kept only when HTTP says it may be."""
+    if split is not None and split >= len(answer):
+        pytest.skip("the answer is shorter than the split")
+    server = _answering(answer, answer, split=split)
+    try:
+        conn = http.Connection("127.0.0.1", server.server_port)
+        assert conn.exchange(_raw(server.server_port), timeout=2.0) == expected
+        assert (conn.sock is not None) == reused
+        if reused:  # and the next answer on it is read as well
+            assert conn.exchange(_raw(server.server_port), timeout=2.0) == expected
+    finally:
+        server.stop()
+
+
+def test_an_answer_cut_short_waits_for_the_deadline_and_closes() -> None:
+    server = _answering(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+    try:
+        conn = http.Connection("127.0.0.1", server.server_port)
+        with pytest.raises(http.RequestTimeout):
+            conn.exchange(_raw(server.server_port), timeout=0.2)
+        assert conn.sock is None
+    finally:
+        server.stop()
+
+
+def test_garbage_is_an_invalid_http_answer() -> None:
+    server = _answering(b"SPDY/3 nonsense\r\n\r\n")
+    try:
+        conn = http.Connection("127.0.0.1", server.server_port)
+        with pytest.raises(http.ConnectionFailed):
+            conn.exchange(_raw(server.server_port), timeout=2.0)
+        assert conn.sock is None
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1",  # two lengths
+        b"HTTP/1.1 200 OK\r\nContent-Length: x",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n folded",
+        b"HTTP/1.1 200 OK",  # no length: read until the server closes
+        b"HTTP/1.1 100 Continue",
+        b"HTTP/2 200",
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 1",
+    ],
+)
+def test_plain_framing_leaves_anything_unusual_to_the_parser(head: bytes) -> None:
+    assert http.plain_framing(head + b"\r\n\r\n", len(head), "POST") is None
+
+
+def test_plain_framing_reads_status_length_and_close() -> None:
+    head = b"HTTP/1.1 429 Too Many\r\nconnection: keep-alive, close\r\nContent-Length:  12 "
+    assert http.plain_framing(head, len(head), "POST") == (429, 12, True)
+    assert http.plain_framing(head, len(head), "HEAD") is None
+
+
+def test_bytes_after_an_answer_end_the_connection() -> None:
+    """In the same read as the answer, or after it (then the next liveness check sees
+    them): never read as the next request's answer."""
+    junk = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhijunk"
+    for split in (None, 40):
+        server = _answering(junk, junk, split=split)
+        try:
+            conn = http.Connection("127.0.0.1", server.server_port)
+            assert conn.exchange(_raw(server.server_port), timeout=2.0) == (200, b"hi")
+            gevent.sleep(0.05)
+            assert not conn._alive()
+        finally:
+            server.stop()
+
+
+def test_a_server_that_closed_an_idle_connection_gets_a_new_one() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+
+    def one_answer_then_close(sock, _addr):
+        buf = b""
+        while b"{}" not in buf:
+            buf += sock.recv(65536)
+        sock.sendall(answer)
+        sock.close()
+
+    server = StreamServer(("127.0.0.1", 0), one_answer_then_close)
+    server.start()
+    try:
+        conn = http.Connection("127.0.0.1", server.server_port)
+        assert conn.exchange(_raw(server.server_port), timeout=2.0) == (200, b"hi")
+        first = conn.sock
+        gevent.sleep(0.05)
+        assert first is not None and not conn._alive()
+        assert conn.exchange(_raw(server.server_port), timeout=2.0) == (200, b"hi")
+        assert conn.sock is not first
+    finally:
+        server.stop()
