@@ -57,7 +57,9 @@ class RecordedStream:
         return recorder.finish(self.end_at)
 
 
-async def _send(app: Any, stream: RecordedStream) -> None:
+async def _send(app: Any, stream: RecordedStream, delay_s: float) -> None:
+    if delay_s:
+        await asyncio.sleep(delay_s)
     body = json.dumps(stream.body).encode()
     path = CHAT_PATH if "messages" in stream.body else COMPLETIONS_PATH
     done = asyncio.Event()
@@ -103,12 +105,17 @@ def record_streams(
     bodies: Sequence[Mapping[str, Any]],
     *faults: str,
     time_scale: float = 0.05,
+    delays_s: Sequence[float] | None = None,
     timeout_s: float = 30.0,
     **config: Any,
 ) -> list[RecordedStream]:
-    """Each of ``bodies`` sent at once to a fresh reference LLM app with ``faults``
-    (``--fault`` values such as ``"coalesce:4"``) and ``config`` (``LLMConfig`` fields);
-    the answers, in the order of ``bodies``."""
+    """Each of ``bodies`` sent to a fresh reference LLM app with ``faults`` (``--fault``
+    values such as ``"coalesce:4"``) and ``config`` (``LLMConfig`` fields): all at once,
+    or body i ``delays_s[i]`` seconds after the start; the answers, in the order of
+    ``bodies``."""
+    delays = list(delays_s) if delays_s is not None else [0.0] * len(bodies)
+    if len(delays) != len(bodies):
+        raise ValueError(f"delays_s has {len(delays)} values for {len(bodies)} bodies")
     cfg = LLMConfig(time_scale=time_scale, faults=parse_llm_faults(faults), **config)
     streams = [RecordedStream(dict(b), 0.0) for b in bodies]
 
@@ -117,12 +124,54 @@ def record_streams(
         state = app.state.llm
         await state.start()
         try:
-            await asyncio.wait_for(asyncio.gather(*(_send(app, s) for s in streams)), timeout_s)
+            await asyncio.wait_for(
+                asyncio.gather(*(_send(app, s, d) for s, d in zip(streams, delays, strict=True))),
+                timeout_s,
+            )
         finally:
             await state.stop()
 
     asyncio.run(main())
     return streams
+
+
+def chunk_event(
+    content: str | None = None,
+    *,
+    role: str | None = None,
+    reasoning: str | None = None,
+    finish_reason: str | None = None,
+    usage: tuple[int, int] | None = None,
+    sep: bytes = b"\n\n",
+) -> bytes:
+    """One chat chunk as an SSE event, shaped as vLLM sends it: a delta with ``role``,
+    ``content`` and ``reasoning_content`` as given (none: an empty delta) and
+    ``finish_reason``; with ``usage`` = (prompt, completion) a usage chunk
+    (``choices: []``) instead."""
+    head: dict[str, Any] = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "model": MODEL}
+    if usage is not None:
+        prompt, completion = usage
+        doc = {
+            **head,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+    else:
+        delta = {
+            k: v
+            for k, v in (("role", role), ("content", content), ("reasoning_content", reasoning))
+            if v is not None
+        }
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        doc = {**head, "choices": [choice]}
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + sep
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def record_stream(body: Mapping[str, Any], *faults: str, **options: Any) -> RecordedStream:
