@@ -247,7 +247,9 @@ class StreamRecorder:
         """The body ended at ``at`` (or the connection failed: ``transport_error``)."""
         truncated = self.parser.close(at) if self.ok_status else None
         if truncated is not None:
+            malformed = len(self.malformed)
             self.event(truncated)
+            del self.malformed[malformed:]  # a cut event's JSON is cut too: truncation says it
         ended_mid_event = self.parser.ended_mid_event
         problems = self._problems(transport_error, ended_mid_event)
         counted = sum(self.token_counts)

@@ -177,3 +177,21 @@ DONE_EVENT = b"data: [DONE]\n\n"
 def record_stream(body: Mapping[str, Any], *faults: str, **options: Any) -> RecordedStream:
     """One body's answer (``record_streams`` with one body)."""
     return record_streams([body], *faults, **options)[0]
+
+
+def synthetic_record(
+    events: Sequence[tuple[float, bytes]],
+    *,
+    sent_at: float = 0.0,
+    end_at: float | None = None,
+    status: int = 200,
+    **options: Any,
+) -> StreamRecord:
+    """The record of a stream whose body pieces (``chunk_event`` bytes, or any bytes)
+    arrive at the given times; headers at ``sent_at``, the end at ``end_at`` (default:
+    the last piece's time). ``options`` go to ``StreamRecorder``."""
+    recorder = StreamRecorder(sent_at, **options)
+    recorder.headers(status, sent_at)
+    for at, data in events:
+        recorder.feed(data, at)
+    return recorder.finish(end_at if end_at is not None else (events[-1][0] if events else sent_at))
