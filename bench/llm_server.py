@@ -172,14 +172,13 @@ async def open_loop(port: int, rate: float, seconds: float, seed: int) -> list[S
 def knee(rates: list[float], seconds: float) -> None:
     # predicted saturation: 64 decodes per step, each request's 256 prefill tokens spread
     # over the steps: 128·λ = 64 / T with T = step(256·λ·T, 64), so λ·T = 64 / 128
-    t_sat = (step_s(0, D.max_num_seqs)) / (
-        1 - D.time_scale * D.beta1_us / 1e6 * 256 * D.max_num_seqs / 128
-    )
-    lam = D.max_num_seqs / 128 / t_sat
-    print(f"  predicted saturation: {lam:.1f} req/s, {lam * 128:.0f} output tokens/s "
-          f"(max_num_seqs {D.max_num_seqs} bind before the KV cache: 64 x 534 tokens "
+    n, prompt, out = D.max_num_seqs, 256, 128
+    t_sat = step_s(prompt * n // out, n)  # each step prefills 256 x λ x T = 256 x 64 / 128
+    lam = n / out / t_sat
+    print(f"  predicted saturation: {lam:.1f} req/s, {lam * out:.0f} output tokens/s, TPOT "
+          f"{t_sat * 1e3:.1f} ms (max_num_seqs {n} binds before the KV cache: 64 x 534 tokens "
           f"< {D.kv_blocks} x {D.block_size})")  # fmt: skip
-    print(f"  {'rate':>6s} {'ok':>5s} {'429':>4s} {'TTFT p50':>9s} {'TTFT p99':>9s} "
+    print(f"  {'rate':>6s} {'offered':>8s} {'ok':>5s} {'429':>4s} {'TTFT p50':>9s} {'TTFT p99':>9s} "
           f"{'TPOT p50':>9s} {'tok/s':>6s} {'step error p99':>15s} {'steps':>6s}")  # fmt: skip
     cm, srv = started()
     try:
@@ -195,7 +194,7 @@ def knee(rates: list[float], seconds: float) -> None:
             lo, hi = t0 + seconds / 2, t0 + seconds
             toks = sum(1 for s in ok for t in s.token_times if lo <= t < hi) / (hi - lo)
             late, steps = step_error_p99(before, after)
-            print(f"  {rate:6.1f} {len(ok):5d} {sum(s.status == 429 for s in streams):4d} "
+            print(f"  {rate:6.1f} {len(streams) / seconds:8.2f} {len(ok):5d} {sum(s.status == 429 for s in streams):4d} "
                   f"{pct(ttft, 0.5) * 1e3:7.0f}ms {pct(ttft, 0.99) * 1e3:7.0f}ms "
                   f"{pct(tpot, 0.5) * 1e3:7.1f}ms {toks:6.0f} {late:>15s} {steps:6d}")  # fmt: skip
     finally:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from reference_server.llm.engine import Engine, EngineConfig, QueueFull, Sequence
+from reference_server.llm.engine import Engine, EngineConfig, QueueFull
 from reference_server.llm.kv_cache import KVCache, block_hashes
+from reference_server.llm.sequence import Sequence
 from reference_server.llm.tokens import expected_completion, generate, stream_key, token_ids
 
 

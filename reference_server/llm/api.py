@@ -30,9 +30,10 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from reference_server.llm.config import LLMConfig
-from reference_server.llm.engine import Engine, QueueFull, Sequence
+from reference_server.llm.engine import Engine, QueueFull
 from reference_server.llm.metrics import CONTENT_TYPE, LLMMetrics
 from reference_server.llm.requests import BadRequest, LLMRequest, error_doc, parse_request
+from reference_server.llm.sequence import Sequence
 from reference_server.llm.stream import StreamWriter, fail_point, usage
 from reference_server.llm.tokens import stream_key
 

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from reference_server.llm.kv_cache import KVCache, block_hashes
+from reference_server.llm.sequence import Sequence, Step
 from reference_server.llm.tokens import token_at
 
 # the step loop's timer correction: each step's error moves the slack by this share of it
@@ -63,72 +64,12 @@ class EngineConfig:
         )
 
 
-class Sequence:
-    """One request in the engine; what it produces is appended to ``outbox``."""
-
-    def __init__(
-        self,
-        prompt_ids: list[int],
-        key: bytes,
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        priority: int = 0,
-        deadline: float | None = None,
-        interruptible: bool = False,
-    ) -> None:
-        self.prompt_ids = prompt_ids
-        self.key = key
-        self.max_tokens = max_tokens
-        self.ignore_eos = ignore_eos
-        self.priority = priority
-        self.deadline = deadline
-        self.interruptible = interruptible
-        self.arrival = 0.0
-        self.order = 0
-        self.output: list[str] = []  # generated token texts, as the oracle says
-        self.outbox: list[str] = []  # delivered and not yet taken by the API
-        self.num_computed = 0
-        self.blocks: list[int] = []
-        self.hashes: list[bytes] = []
-        self.state = "new"  # new → waiting ⇄ running → finished
-        self.finish_reason: str | None = None
-        self.first_token_at: float | None = None
-        self.last_token_at: float | None = None
-        self.prefix_hit_tokens = 0
-        self.preemptions = 0
-        self.event = asyncio.Event()
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output)
-
-    @property
-    def finished(self) -> bool:
-        return self.state == "finished"
-
-    def take(self) -> list[str]:
-        out, self.outbox = self.outbox, []
-        self.event.clear()
-        return out
-
-
 class EngineObserver(Protocol):
     def on_step(self, running: int, waiting: int, kv_usage: float, error_s: float) -> None: ...
     def on_preemption(self) -> None: ...
     def on_prefix_lookup(self, queried: int, hit: int) -> None: ...
     def on_token(self, seq: Sequence, now: float, first: bool) -> None: ...
     def on_finish(self, seq: Sequence, now: float) -> None: ...
-
-
-@dataclasses.dataclass
-class Step:
-    """One step's work: (sequence, tokens computed for it) and its modelled duration."""
-
-    work: list[tuple[Sequence, int]]
-    prefill_tokens: int
-    decode_seqs: int
-    seconds: float
 
 
 class Engine:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Send
 
-from reference_server.llm.engine import Sequence
 from reference_server.llm.requests import LLMRequest, error_doc
+from reference_server.llm.sequence import Sequence
 
 if TYPE_CHECKING:
     from reference_server.llm.api import LLMState
