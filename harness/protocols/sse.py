@@ -42,7 +42,7 @@ from dataclasses import dataclass
 _BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per event, frozen init costs ~2 µs
 class SSEEvent:
     """One dispatched event. ``data`` is the data lines joined with ``\\n``; ``event`` the
     type (``"message"`` when none was given); ``id`` the last event id in force (None if
