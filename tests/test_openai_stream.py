@@ -7,17 +7,22 @@ usage lie, truncation, cross-wired text) — and about synthetic streams with ex
 
 from __future__ import annotations
 
+import http.client
+import time
+
 import pytest
 
 from harness.analysis.token_metrics import tpot_s
 from harness.protocols.openai import (
+    CHAT_PATH,
     Generation,
     chat_body,
     completion_body,
+    encode_body,
     read_chunk,
     reference_expectation,
 )
-from harness.protocols.openai_stream import Expectation, StreamRecord
+from harness.protocols.openai_stream import Expectation, StreamRecord, StreamRecorder
 from harness.testing.llm_streams import (
     DONE_EVENT,
     MODEL,
@@ -26,6 +31,7 @@ from harness.testing.llm_streams import (
     record_streams,
     synthetic_record,
 )
+from harness.testing.server import http_status, start_server, wait_until
 from reference_server.llm.tokens import VOCABULARY, count_tokens
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
@@ -299,3 +305,28 @@ def test_the_send_delay_counts_in_every_latency() -> None:
     late = synthetic_record(events, sent_at=1.05, intended_at=1.0)
     assert late.dispatch_delay_s == pytest.approx(0.05)
     assert late.ttft_s == pytest.approx(0.1) and late.end_s == pytest.approx(0.201)
+
+
+@pytest.mark.slow
+def test_a_real_socket_read_line_by_line_times_every_event_apart() -> None:
+    """The reference server as a process, \\r\\n framing, read with readline as the
+    streaming user will: the record is clean and each token event has its own time."""
+    body = chat_body(MODEL, MESSAGES, Generation(max_tokens=32, ignore_eos=True, seed=2))
+    args = ("--api", "openai", "--time-scale", "0.5", "--fault", "crlf-framing")
+    with start_server(*args, wait_for_ready=False) as srv:
+        wait_until(lambda: http_status(srv.url, "/health", timeout=1.0) == 200, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        try:
+            recorder = StreamRecorder(time.perf_counter(), expected=expected(body))
+            conn.request("POST", CHAT_PATH, encode_body(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            recorder.headers(response.status, time.perf_counter())
+            while line := response.readline():
+                recorder.feed(line, time.perf_counter())
+            record = recorder.finish(time.perf_counter())
+        finally:
+            conn.close()
+    assert record.problems == (), record.problems
+    assert record.output_tokens == 32 and record.token_counts == (1,) * 32
+    assert len(set(record.token_times_s)) == 32  # no two events lumped into one read
+    assert 0 < record.headers_s <= record.ttft_s < record.token_times_s[-1] <= record.end_s
