@@ -176,8 +176,8 @@ def knee(rates: list[float], seconds: float) -> None:
     t_sat = step_s(prompt * n // out, n)  # each step prefills 256 x λ x T = 256 x 64 / 128
     lam = n / out / t_sat
     print(f"  predicted saturation: {lam:.1f} req/s, {lam * out:.0f} output tokens/s, TPOT "
-          f"{t_sat * 1e3:.1f} ms (max_num_seqs {n} binds before the KV cache: 64 x 534 tokens "
-          f"< {D.kv_blocks} x {D.block_size})")  # fmt: skip
+          f"{t_sat * 1e3:.1f} ms (max_num_seqs {n} binds before the KV cache: {n} x {prompt + out} "
+          f"tokens on average < {D.kv_blocks} x {D.block_size})")  # fmt: skip
     print(f"  {'rate':>6s} {'offered':>8s} {'ok':>5s} {'429':>4s} {'TTFT p50':>9s} {'TTFT p99':>9s} "
           f"{'TPOT p50':>9s} {'tok/s':>6s} {'step error p99':>15s} {'steps':>6s}")  # fmt: skip
     cm, srv = started()
