@@ -336,6 +336,7 @@ class Engine:
         while not self._stopping:
             if self.idle:
                 self._wake.clear()
+                self._report(0.0)  # the gauges read empty while nothing runs
                 await self._wake.wait()
                 start = None
                 continue
