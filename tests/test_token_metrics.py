@@ -96,6 +96,8 @@ def test_event_counts_are_scaled_to_usage_and_tokens_outside_the_span_left_out()
     rate = tm.token_throughput([record], start=0.0, end=1.0)
     assert rate.output_tokens == pytest.approx(6)
     assert tm.token_throughput([record], start=0.5, end=1.0).output_tokens == pytest.approx(3)
+    # a token at the very end of the span counts, in the last window
+    assert tm.token_throughput([record], start=0.0, end=0.7).output_tokens == pytest.approx(6)
     default = tm.token_throughput([record])  # the span: the send to the last end
     assert (default.start, default.duration_s) == (0.0, pytest.approx(0.701))
     with pytest.raises(ValueError, match="window_s"):

@@ -125,7 +125,7 @@ def max_gaps_s(streams: Iterable[TokenStream]) -> list[float]:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Tokens per second over ``[start, start + duration_s)`` (the caller's clock)."""
+    """Tokens per second over ``[start, start + duration_s]`` (the caller's clock)."""
 
     start: float
     duration_s: float
@@ -149,7 +149,8 @@ def token_throughput(
     send to the last end). Every stream counts, failed or not: what the server delivered.
     An event's tokens are its count scaled so the request's events sum to its
     ``output_tokens`` (usage, when the server sent it); they land in the window of the
-    event's arrival. Tokens outside the span are left out."""
+    event's arrival. Tokens outside ``[start, end]`` are left out; the last window may be
+    shorter than ``window_s`` (it holds ``end``)."""
     if window_s <= 0:
         raise ValueError(f"window_s has value {window_s!r}; expected a duration > 0")
     if start is None:
@@ -162,8 +163,9 @@ def token_throughput(
     out_total, in_total = 0.0, 0
 
     def window(at: float) -> int | None:
-        i = math.floor((at - start) / window_s)
-        return i if 0 <= i < windows and at <= end else None
+        if not start <= at <= end:
+            return None
+        return min(math.floor((at - start) / window_s), windows - 1)
 
     for s in streams:
         counted = sum(s.token_counts)

@@ -223,6 +223,7 @@ class StreamRecorder:
         self.chunk(read_chunk(event.data, event.event), event.at)
 
     def chunk(self, chunk: Chunk, at: float) -> None:
+        """One chunk read at ``at`` (``event`` calls it)."""
         if chunk.done:
             self.done = True
             return
