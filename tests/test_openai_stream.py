@@ -8,6 +8,7 @@ usage lie, truncation, cross-wired text) — and about synthetic streams with ex
 from __future__ import annotations
 
 import http.client
+import json
 import time
 
 import pytest
@@ -285,6 +286,20 @@ def test_a_golden_answer_checks_another_servers_stream_without_its_tokenizer() -
     assert "wrong_text" in codes(wrong)
     with pytest.raises(ValueError, match="clean stream"):
         Expectation.golden(lied)
+
+
+def test_a_golden_answer_survives_json_and_a_damaged_one_names_its_field() -> None:
+    golden = Expectation(" ba be", "length", 2)
+    assert Expectation.from_dict(json.loads(json.dumps(golden.as_dict()))) == golden
+    assert Expectation.from_dict({"text": " ba"}) == Expectation(" ba")
+    for doc, field in (
+        ([], "an object"),
+        ({"text": 3}, "'text'"),
+        ({"text": "", "completion_tokens": True}, "'completion_tokens'"),
+        ({"text": "", "finish_reason": 1}, "'finish_reason'"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            Expectation.from_dict(doc)
 
 
 def test_usage_below_the_token_events_is_a_lie_even_without_a_tokenizer() -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from harness.protocols.openai import Chunk, Usage, read_chunk
 from harness.protocols.sse import SSEEvent, SSEParser
@@ -111,6 +112,33 @@ class Expectation:
             )
         tokens = record.usage.completion_tokens if record.usage else None
         return cls(record.text, record.finish_reason, tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-able form (a golden answer kept in a file); ``from_dict`` reads it."""
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "completion_tokens": self.completion_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Expectation:
+        """The expectation ``as_dict`` wrote; ValueError naming the field that is wrong."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"an expected answer has value {doc!r}; expected an object")
+        text, reason, tokens = (doc.get(k) for k in ("text", "finish_reason", "completion_tokens"))
+        if not isinstance(text, str):
+            raise ValueError(f"an expected answer's 'text' has value {text!r}; expected a string")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(
+                f"an expected answer's 'finish_reason' has value {reason!r}; expected a string or null"
+            )
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
+            raise ValueError(
+                f"an expected answer's 'completion_tokens' has value {tokens!r}; "
+                "expected an integer or null"
+            )
+        return cls(text, reason, tokens)
 
 
 @dataclass(frozen=True)
