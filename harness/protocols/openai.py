@@ -167,7 +167,7 @@ def read_chunk(data: str, event: str = "message") -> Chunk:
     if not isinstance(choices, list):
         return Chunk(malformed=f"'choices' is {type(choices).__name__}, not a list")
     role = finish = None
-    content, reasoning, tools, refusal = [], [], [], []
+    content = reasoning = tools = refusal = ""
     for choice in choices:
         if not isinstance(choice, dict):
             return Chunk(malformed=f"a choice is {type(choice).__name__}, not an object")
@@ -175,20 +175,22 @@ def read_chunk(data: str, event: str = "message") -> Chunk:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             role = delta.get("role") or role
-            content.append(_text(delta.get("content")))
-            reasoning.append(_text(delta.get("reasoning_content") or delta.get("reasoning")))
-            tools.append(_tool_text(delta.get("tool_calls")))
-            refusal.append(_text(delta.get("refusal")))
+            content += _text(delta.get("content"))
+            if len(delta) > 1 or "content" not in delta:  # the common token delta skips these
+                reasoning += _text(delta.get("reasoning_content") or delta.get("reasoning"))
+                tools += _tool_text(delta.get("tool_calls"))
+                refusal += _text(delta.get("refusal"))
         else:
-            content.append(_text(choice.get("text")))
+            content += _text(choice.get("text"))
+    usage = doc.get("usage")
     return Chunk(
         role=role,
-        content="".join(content),
-        reasoning="".join(reasoning),
-        tool_calls="".join(tools),
-        refusal="".join(refusal),
+        content=content,
+        reasoning=reasoning,
+        tool_calls=tools,
+        refusal=refusal,
         finish_reason=finish,
-        usage=_usage(doc.get("usage")),
+        usage=None if usage is None else _usage(usage),
     )
 
 
