@@ -106,6 +106,10 @@ def test_content_reasoning_tool_call_and_completion_text_are_tokens() -> None:
         '{"name":"get","arguments":"{\\"q\\""}}]},"finish_reason":null}]}'
     )
     assert tool.token_bearing and tool.tool_calls == 'get{"q"'
+    # during reasoning some servers send "content": null, others "": neither hides it
+    for empty in (None, ""):
+        doc = json.dumps({"choices": [{"delta": {"content": empty, "reasoning": " r"}}]})
+        assert read_chunk(doc).reasoning == " r" and read_chunk(doc).token_bearing
     text = read_chunk('{"object":"text_completion","choices":[{"index":0,"text":" x"}]}')
     assert text.content == " x" and text.token_bearing
 
