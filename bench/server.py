@@ -2,15 +2,21 @@
 
     python bench/server.py [--duration 3] [--model-args "..."] [--small-model-args "..."]
 
-Prints one table with its conditions:
+Prints its conditions, then:
   * in-process model throughput at batch 1 and at max batch (the ceiling);
   * served throughput, p50 and p99 at concurrency 1, 8, 32, 64 with batching on and with
     --max-batch-size 1, their ratio, and server CPU seconds per request;
-  * the same at concurrency 32 for a small model (HTTP-bound: the server's own overhead).
+  * the same at concurrency 32 for a small model (HTTP-bound: the server's own overhead);
+  * the goals, each beside its anchor measured in the same run, and whether it is met:
+    batching at 1 user >= 0.95x no batching, at 32 users >= 90 % of the in-process
+    ceiling and >= 4x no batching, and the small model >= 1,500 req/s at 32 users.
 
+Both servers of a model (batching on, max batch 1) run side by side and are loaded in
+turn at each concurrency, so each ratio compares two points measured seconds apart.
 The load generator is a keep-alive raw-socket HTTP/1.1 client in 2 processes x threads,
-closed loop, on the same box as the server (loopback only). Each point runs a short
-warm-up and then ``--duration`` seconds; the whole run takes about 2 minutes.
+closed loop, on the same box as the server (loopback only); the cores it used are
+printed beside the server's, so a run where it was the bottleneck says so. Each point
+runs a short warm-up and then ``--duration`` seconds; the whole run takes about 2 minutes.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import platform  # noqa: E402
@@ -30,6 +37,7 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -42,6 +50,12 @@ from reference_server.config import parse_config  # noqa: E402
 from reference_server.models import build_model  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
+# The goals: (batching / no batching at 1 user), (served at 32 users / in-process ceiling
+# at max batch), (batching / no batching at 32 users), small model req/s at 32 users.
+GOAL_LONE_RATIO = 0.95
+GOAL_CEILING_SHARE = 0.90
+GOAL_BATCHING_RATIO = 4.0
+GOAL_SMALL_RPS = 1500.0
 
 
 # -- in-process ceiling -----------------------------------------------------------------
@@ -109,6 +123,7 @@ def _client_process(
 ) -> None:  # type: ignore[no-untyped-def]
     start = time.perf_counter() + warmup
     stop = start + seconds
+    cpu0 = time.process_time()  # all of this process's threads
     lat: list[list[float]] = [[] for _ in range(threads)]
     errors = [0] * threads
 
@@ -138,12 +153,25 @@ def _client_process(
     for t in ts:
         t.join()
     out.put(
-        (np.concatenate([np.asarray(x) for x in lat]) if any(lat) else np.zeros(0), sum(errors))
+        (
+            np.concatenate([np.asarray(x) for x in lat]) if any(lat) else np.zeros(0),
+            sum(errors),
+            time.process_time() - cpu0,
+        )
     )
 
 
+def model_counters(port: int, model: str) -> tuple[int, int, int]:
+    """(executions, inferences, model ns) so far, from the server's statistics extension."""
+    url = f"http://127.0.0.1:{port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        doc = json.load(r)["model_stats"][0]
+    infer_ns = sum(b["compute_infer"]["ns"] for b in doc["batch_stats"])
+    return doc["execution_count"], doc["inference_count"], infer_ns
+
+
 def served_point(
-    port: int, pid: int, req: bytes, concurrency: int, seconds: float
+    port: int, pid: int, req: bytes, concurrency: int, seconds: float, model: str
 ) -> dict[str, float]:
     procs = 1 if concurrency == 1 else 2
     per = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
@@ -157,10 +185,14 @@ def served_point(
         w.start()
     time.sleep(warmup)  # the clients measure from the same instant
     cpu0 = sum(server.cpu_times()[:2])
+    stats0 = model_counters(port, model)
     t0 = time.perf_counter()
     results = [q.get(timeout=seconds + 60) for _ in workers]
     elapsed = time.perf_counter() - t0
     cpu1 = sum(server.cpu_times()[:2])
+    executions, inferences, infer_ns = (
+        b - a for a, b in zip(stats0, model_counters(port, model), strict=True)
+    )
     for w in workers:
         w.join(30)
     lat = np.concatenate([r[0] for r in results])
@@ -171,20 +203,79 @@ def served_point(
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if n else float("nan"),
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if n else float("nan"),
         "cpu_s_per_req": (cpu1 - cpu0) / n if n else float("nan"),
+        "server_cores": (cpu1 - cpu0) / elapsed,
+        # the clients' CPU over their warm-up and window: an upper bound for the window
+        "client_cores": sum(r[2] for r in results) / (seconds + warmup),
         "errors": errors,
         "n": n,
+        "mean_batch": inferences / executions if executions else float("nan"),
+        "model_busy": infer_ns / 1e9 / elapsed,
+        "model_ms_per_batch": infer_ns / 1e6 / executions if executions else float("nan"),
     }
 
 
-def served_series(
+def served_pairs(
     server_args: list[str], model: str, width: int, levels: tuple[int, ...], seconds: float
-) -> dict[int, dict[str, float]]:
-    out = {}
-    with start_server(*server_args, "--queue-size", "1024", ready_timeout=60) as srv:
-        req = _request_bytes(srv.port, model, width)
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """(batching on, --max-batch-size 1): both servers run at once, and at each
+    concurrency one is measured right after the other."""
+    batched: dict[int, dict[str, float]] = {}
+    single: dict[int, dict[str, float]] = {}
+    with contextlib.ExitStack() as stack:
+        on = stack.enter_context(
+            start_server(*server_args, "--queue-size", "1024", ready_timeout=60)
+        )
+        off = stack.enter_context(
+            start_server(
+                *server_args, "--max-batch-size", "1", "--queue-size", "1024", ready_timeout=60
+            )
+        )
         for c in levels:
-            out[c] = served_point(srv.port, srv.pid, req, c, seconds)
-    return out
+            batched[c] = served_point(
+                on.port, on.pid, _request_bytes(on.port, model, width), c, seconds, model
+            )
+            single[c] = served_point(
+                off.port, off.pid, _request_bytes(off.port, model, width), c, seconds, model
+            )
+    return batched, single
+
+
+def goal_rows(
+    ceiling: float,
+    batched: dict[int, dict[str, float]],
+    single: dict[int, dict[str, float]],
+    small_rps: float,
+) -> list[tuple[str, str, str, bool]]:
+    """(goal, measured, anchor, met) for each goal, from figures of the same run."""
+    lone = batched[1]["rps"] / single[1]["rps"]
+    share = batched[32]["rps"] / ceiling
+    ratio = batched[32]["rps"] / single[32]["rps"]
+    return [
+        (
+            f"batching at 1 user >= {GOAL_LONE_RATIO:.2f}x no batching",
+            f"{lone:.2f}x ({batched[1]['rps']:,.0f} req/s)",
+            f"max-batch 1 at 1 user: {single[1]['rps']:,.0f} req/s",
+            lone >= GOAL_LONE_RATIO,
+        ),
+        (
+            f"batching at 32 users >= {GOAL_CEILING_SHARE:.0%} of the in-process ceiling",
+            f"{share:.0%} ({batched[32]['rps']:,.0f} req/s)",
+            f"in-process model at max batch: {ceiling:,.0f} samples/s",
+            share >= GOAL_CEILING_SHARE,
+        ),
+        (
+            f"batching at 32 users >= {GOAL_BATCHING_RATIO:.0f}x no batching",
+            f"{ratio:.1f}x ({batched[32]['rps']:,.0f} req/s)",
+            f"max-batch 1 at 32 users: {single[32]['rps']:,.0f} req/s",
+            ratio >= GOAL_BATCHING_RATIO,
+        ),
+        (
+            f"small model at 32 users >= {GOAL_SMALL_RPS:,.0f} req/s",
+            f"{small_rps:,.0f} req/s",
+            "(absolute)",
+            small_rps >= GOAL_SMALL_RPS,
+        ),
+    ]
 
 
 # -- table ----------------------------------------------------------------------------
@@ -234,30 +325,42 @@ def main(argv: list[str] | None = None) -> int:
 
     width = cfg.mlp_dims[0] if cfg.model == "mlp" else cfg.sim_dims[0]
     name = cfg.served_name
-    batched = served_series(model_args, name, width, CONCURRENCY, ns.duration)
-    single = served_series(
-        [*model_args, "--max-batch-size", "1"], name, width, CONCURRENCY, ns.duration
-    )
+    batched, single = served_pairs(model_args, name, width, CONCURRENCY, ns.duration)
     print(f"## served: {shlex.join(model_args)}")
     print(
         "| concurrency | batching req/s | p50 ms | p99 ms | CPU s/req | "
-        "max-batch 1 req/s | p50 ms | p99 ms | CPU s/req | ratio | errors |"
+        "max-batch 1 req/s | p50 ms | p99 ms | CPU s/req | ratio | errors | "
+        "cores: server / load generator (batching) |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in CONCURRENCY:
         a, s = batched[c], single[c]
         print(
             f"| {c} | {a['rps']:,.0f} | {a['p50_ms']:.1f} | {a['p99_ms']:.1f} | {a['cpu_s_per_req'] * 1e3:.2f}e-3 "
             f"| {s['rps']:,.0f} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {s['cpu_s_per_req'] * 1e3:.2f}e-3 "
-            f"| {a['rps'] / s['rps']:.1f}x | {a['errors'] + s['errors']:.0f} |"
+            f"| {a['rps'] / s['rps']:.1f}x | {a['errors'] + s['errors']:.0f} "
+            f"| {a['server_cores']:.2f} / {a['client_cores']:.2f} |"
+        )
+    print()
+    ceiling_ms = cfg.max_batch_size / bmax * 1e3
+    print("## the batching server's own statistics (statistics extension), per point")
+    print(
+        f"model ms per batch in the server, beside the in-process {ceiling_ms:.1f} ms at "
+        f"batch {cfg.max_batch_size}; model busy = share of the window the model computed"
+    )
+    print("| concurrency | mean batch | model busy | model ms per batch |")
+    print("|---:|---:|---:|---:|")
+    for c in CONCURRENCY:
+        a = batched[c]
+        print(
+            f"| {c} | {a['mean_batch']:.1f} | {a['model_busy']:.0%} | "
+            f"{a['model_ms_per_batch']:.1f} |"
         )
     print()
 
     swidth = small.mlp_dims[0] if small.model == "mlp" else small.sim_dims[0]
-    sb = served_series(small_args, small.served_name, swidth, (32,), ns.duration)[32]
-    ss = served_series(
-        [*small_args, "--max-batch-size", "1"], small.served_name, swidth, (32,), ns.duration
-    )[32]
+    small_on, small_off = served_pairs(small_args, small.served_name, swidth, (32,), ns.duration)
+    sb, ss = small_on[32], small_off[32]
     print(f"## served, small model: {shlex.join(small_args)} (concurrency 32)")
     print("| batching | req/s | p50 ms | p99 ms | CPU s/req | errors |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -267,9 +370,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['cpu_s_per_req'] * 1e3:.2f}e-3 | {r['errors']:.0f} |"
         )
     print()
+    print("## goals (each beside its anchor, both from this run)")
+    print("| goal | measured | anchor | met |")
+    print("|---|---:|---|---|")
+    for goal, measured, anchor, met in goal_rows(bmax, batched, single, sb["rps"]):
+        print(f"| {goal} | {measured} | {anchor} | {'yes' if met else '**no**'} |")
+    a = batched[32]
+    print()
     print(
-        f"targets: batching >= 4x at concurrency 32 ({batched[32]['rps'] / single[32]['rps']:.1f}x); "
-        f"small model >= 1,500 req/s at concurrency 32 ({sb['rps']:,.0f})"
+        f"at 32 users, served / ceiling = model busy {a['model_busy']:.0%} x in-process / "
+        f"in-server model time {ceiling_ms:.1f} / {a['model_ms_per_batch']:.1f} ms x mean batch "
+        f"{a['mean_batch']:.1f} / {cfg.max_batch_size}"
     )
     return 0
 
