@@ -45,48 +45,46 @@ HEADER_EXAMPLE = "--header 'Authorization: Bearer TOKEN'"
 MAX_PLAIN_HEAD = 16384
 
 
+# An answer's head as plain_framing reads it: the status line, then "name:value" lines
+# with RFC 9110 token names (no folded lines), matched whole in one pass.
+_PLAIN_HEAD = re.compile(
+    rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?((?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*)*)"
+)
+# in the lower-cased header lines
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]+)[ \t]*(?=\r\n|$)")
+_CONNECTION = re.compile(rb"\r\nconnection:([^\r\n]*)")
+
+
 def plain_framing(buf: bytes | bytearray, end: int, method: str) -> tuple[int, int, bool] | None:
     """(status, body length, close after it) of an answer whose head ``buf[:end]`` is
     plain HTTP/1.x framed by one Content-Length; None for anything else (a chunked or
-    unframed body, a status without a body, an unexpected line), which is then left to
-    geventhttpclient's parser, as every answer was before. "Close after it" follows
-    HTTP/1.1 (``Connection: close``) and HTTP/1.0 (closed unless ``keep-alive``)."""
+    unframed body, a status without a body, a line it does not read as a header), which
+    is then left to geventhttpclient's parser, as every answer was before. "Close after
+    it" follows HTTP/1.1 (``Connection: close``) and HTTP/1.0 (closed unless
+    ``keep-alive``)."""
     if method == "HEAD":
         return None
-    lines = bytes(buf[:end]).split(b"\r\n")
-    first = lines[0]
-    if first[:9] not in (b"HTTP/1.1 ", b"HTTP/1.0 ") or (len(first) > 12 and first[12] != 32):
+    m = _PLAIN_HEAD.fullmatch(buf, 0, end)
+    if m is None:
         return None
-    code = first[9:12]
-    if not code.isdigit():
-        return None
-    status = int(code)
+    status = int(m[2])
     if status < 200 or status in (204, 304):
         return None
-    http10 = first[7] == 48  # "0"
-    close = http10
-    length = None
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name[-1] in (32, 9) or name[0] in (32, 9):
-            return None  # not "name: value" (or a folded line): the parser decides
-        name = name.lower()
-        if name == b"content-length":
-            value = value.strip()
-            if length is not None or not value.isdigit():
-                return None
-            length = int(value)
-        elif name == b"transfer-encoding":
-            return None
-        elif name == b"connection":
-            tokens = {t.strip() for t in value.lower().split(b",")}
-            if b"close" in tokens:
-                close = True
-            elif b"keep-alive" in tokens:
-                close = False
+    fields = m[3].lower()
+    if b"\r\ntransfer-encoding:" in fields or fields.count(b"\r\ncontent-length:") != 1:
+        return None
+    length = _CONTENT_LENGTH.search(fields)
     if length is None:
         return None
-    return status, length, close
+    close = m[1] == b"0"  # HTTP/1.0 closes unless told to keep alive
+    for value in _CONNECTION.findall(fields):
+        tokens = {t.strip() for t in value.split(b",")}
+        if b"close" in tokens:
+            close = True
+            break
+        if b"keep-alive" in tokens:
+            close = False
+    return status, int(length[1]), close
 
 
 class RequestTimeout(Exception):
