@@ -13,7 +13,9 @@ for numpy's): imported by tests/ and bench/, never by the harness itself
   ``detection_cases`` (``detection_case``: one case; ``detection_chaos_cases``: the chaos
   scenarios' cases);
 - ``tls``: a throwaway CA made with the openssl CLI; ``peak``: a peak search driven by a
-  synthetic judge.
+  synthetic judge;
+- ``llm_streams``: the reference LLM server's streams recorded in-process byte for byte
+  with their write times, and synthetic chunks and stream records with exact times.
 
 Several of them run things from the source checkout (the locustfile, tests/data): they are
 meant to be used from a clone.
