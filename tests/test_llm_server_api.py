@@ -259,7 +259,7 @@ def test_a_bad_request_gets_an_openai_error_before_any_stream(
 
 def test_a_full_waiting_queue_answers_429_with_retry_after() -> None:
     async def scenario(app: Any, state: LLMState) -> None:
-        long = chat(max_tokens=200, ignore_eos=True, stream=True)
+        long = chat(max_tokens=2000, ignore_eos=True, stream=True)  # ~0.6 s each
         running = asyncio.create_task(request(app, "POST", "/v1/chat/completions", long))
         await asyncio.sleep(0.02)
         waiting = asyncio.create_task(request(app, "POST", "/v1/chat/completions", long))
@@ -267,7 +267,7 @@ def test_a_full_waiting_queue_answers_429_with_retry_after() -> None:
         t0 = time.monotonic()
         shed = await request(app, "POST", "/v1/chat/completions", chat(max_tokens=1))
         assert shed.status == 429 and shed.headers["retry-after"] == "1"
-        assert time.monotonic() - t0 < 0.05 and shed.json()["error"]["code"] == 429
+        assert time.monotonic() - t0 < 0.1 and shed.json()["error"]["code"] == 429
         state.engine.abort_all("shutdown")
         await asyncio.gather(running, waiting)
 
@@ -299,7 +299,7 @@ def test_models_health_and_vllm_metrics() -> None:
 
 
 def test_a_shared_system_prompt_hits_the_prefix_cache_and_cuts_ttft() -> None:
-    system = {"role": "system", "content": "You are a careful assistant. " * 300}
+    system = {"role": "system", "content": "You are a careful assistant. " * 500}
 
     def ask(q: str) -> dict[str, Any]:
         return {
@@ -317,7 +317,7 @@ def test_a_shared_system_prompt_hits_the_prefix_cache_and_cuts_ttft() -> None:
         warm = await request(app, "POST", "/v1/chat/completions", ask("second"))
         warm_ttft = warm.token_times()[0] - t0
         m = scrape(state)
-        assert m["vllm:prefix_cache_hits_total"] >= 1500
+        assert m["vllm:prefix_cache_hits_total"] >= 2500  # of ~3,000 (cold: ~62 ms)
         assert warm_ttft < cold_ttft / 2, (cold_ttft, warm_ttft)
 
     serve(scenario, time_scale=1.0)
@@ -350,7 +350,7 @@ def test_a_client_disconnect_aborts_the_sequence_and_frees_its_blocks() -> None:
 
 def test_drain_finishes_running_streams_and_refuses_new_requests() -> None:
     async def scenario(app: Any, state: LLMState) -> None:
-        doc = chat(max_tokens=30, ignore_eos=True, stream=True)
+        doc = chat(max_tokens=300, ignore_eos=True, stream=True)  # ~90 ms
         stream = asyncio.create_task(request(app, "POST", "/v1/chat/completions", doc))
         await asyncio.sleep(0.01)
         drain = asyncio.create_task(state.drain(10))
@@ -359,7 +359,7 @@ def test_drain_finishes_running_streams_and_refuses_new_requests() -> None:
         assert refused.status == 503
         assert await drain is True
         done = await stream
-        assert len(tokenize(done.content())) == 30 and done.data()[-1] == "[DONE]"
+        assert len(tokenize(done.content())) == 300 and done.data()[-1] == "[DONE]"
         assert (await request(app, "GET", "/health")).status == 503
 
     serve(scenario)
