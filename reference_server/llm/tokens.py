@@ -8,7 +8,7 @@ token count (``usage.prompt_tokens``), the completion's text, its token count an
 optional space followed by a run of letters, a run of 1-3 digits, a run of other
 non-space characters, or whitespace; a letter run longer than ``MAX_PIECE`` characters
 is cut into pieces of ``MAX_PIECE``. Each piece is one token; its id is the CRC-32 of its
-UTF-8 bytes. English prose comes out at about 1.1-1.3 tokens per word, as with a BPE
+UTF-8 bytes. English prose comes out at about 1.2-1.4 tokens per word, as with a BPE
 vocabulary. A chat request is tokenized after ``chat_prompt`` renders its messages.
 
 **Output.** Token ``i`` of a completion is a function of (the prompt's token ids, the
