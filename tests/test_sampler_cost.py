@@ -22,6 +22,7 @@ import pytest
 
 from harness.collectors import procfs
 from harness.collectors.process import THREAD_COLUMNS, ProcessSampler
+from harness.collectors.system import SystemSampler
 
 # N threads blocked on an Event, one spinning, one that exits when told (stdin line).
 POOL = textwrap.dedent(
@@ -214,3 +215,47 @@ def _self() -> int:
 
 def _inodes(socks: list[socket.socket]) -> list[int]:
     return [os.fstat(s.fileno()).st_ino for s in socks]
+
+
+SPIN = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def test_busy_cores_rescan_the_run_only_after_a_process_started(monkeypatch) -> None:
+    """CPU on the run's cores that the run's processes do not explain (another tenant, the
+    kernel's own work) rescans the run at once only when a process was started on the host
+    since the run's list was made (the host's last pid moved): otherwise a pass over /proc
+    would find nothing new. The tenant is still measured and named every tick."""
+    host_last_pid = [1000]  # this shared host's real one moves with everyone's processes
+    monkeypatch.setattr(procfs, "last_pid", lambda: host_last_pid[0])
+    listed = []
+
+    def run_pids() -> list[int]:
+        listed.append(time.monotonic())
+        return [os.getpid()]
+
+    sampler = SystemSampler(None, run_pids=run_pids, sut_pid=os.getpid, loadgen_every_s=60.0)
+    tenant = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        t0 = time.monotonic()
+        sampler.baseline(0.0)
+        time.sleep(0.5)
+
+        def tick():
+            time.sleep(0.3)
+            return sampler.sample(time.monotonic() - t0, time.time())
+
+        tick()  # (the baseline may have listed the run from a pass made before the patch)
+        before = len(listed)
+        quiet = [tick() for _ in range(3)]
+        assert len(listed) == before  # no process started: no rescan
+        host_last_pid[0] += 1  # a process started somewhere on the host
+        started = [tick() for _ in range(3)]
+        assert len(listed) == before + 1  # one rescan, then the new list is current again
+    finally:
+        tenant.kill()
+        tenant.wait()
+    # one spinning tenant on the run's cores: each tick measures it, and names it once
+    # there is a pass half a second old to compare with
+    for t in quiet + started:
+        assert t is not None and t.foreign_cpu_pct is not None and t.foreign_cpu_pct > 15
+    assert any(tenant.pid in {p for p, _, _ in t.foreign_procs} for t in quiet + started)

@@ -156,6 +156,37 @@ class ProcessTick:
 _ZERO = _Thread(0, "", 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
+class _Task:
+    """One thread of a watched process: its /proc paths, and what was read of it at the
+    last tick (``sched_raw``: the schedstat text, set together with ``counters``)."""
+
+    __slots__ = ("tid", "schedstat", "stat", "status", "sched_raw", "counters", "idle")
+
+    def __init__(self, pid: int, tid: int) -> None:
+        base = f"/proc/{pid}/task/{tid}/"
+        self.tid = tid
+        self.schedstat = base + "schedstat"
+        self.stat = base + "stat"
+        self.status = base + "status"
+        self.sched_raw: bytes | None = None
+        self.counters: _Thread | None = None
+        # for a tick in which the thread did not run: its ThreadRow fields after ``t``
+        # and its threads.csv line after the time field (every rate 0), made on the
+        # first such tick and dropped when it runs (its CPU number or name may change)
+        self.idle: tuple[tuple, str] | None = None
+
+
+def _idle_row(pid: int, task: _Task) -> tuple[tuple, str]:
+    """``_Task.idle`` of a thread whose counters were read: its row for a tick in which it
+    did not run, as ThreadRow fields after ``t`` and as a threads.csv line after the time
+    field."""
+    c = task.counters
+    assert c is not None
+    fields = (pid, task.tid, c.starttime, c.name, 0.0, 0.0, 0.0, 0.0, 0.0, c.processor, 0.0, 0.0)
+    line = ThreadRow(0.0, *fields).csv_line()
+    return fields, line[line.index(",") :]
+
+
 def _boottime_ticks() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) * HZ
 
@@ -194,8 +225,13 @@ class ProcessSampler:
         self.gone = False  # the watched process tree no longer exists
         self._boottime_ticks = boottime_ticks
         self.recent: deque[ProcessTick] = deque(maxlen=recent)
-        self.last_threads: list[ThreadRow] = []
-        self._threads_prev: dict[tuple[int, int], _Thread] = {}
+        # the last tick's rows: a ThreadRow, or an idle thread's fields after ``t``
+        # (made into a ThreadRow only when ``last_threads`` is read)
+        self._rows: list[ThreadRow | tuple] = []
+        self._rows_t = 0.0
+        self._last_threads: list[ThreadRow] | None = []
+        # pid → its threads by TID as /proc/PID/task names them
+        self._tasks: dict[int, dict[str, _Task]] = {}
         self._procs_prev: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._t_prev: float | None = None
         self._boot_prev: float = 0.0
@@ -205,9 +241,6 @@ class ProcessSampler:
         # seen so far: re-reading both every tick was most of the sampler's own cost
         self._files = procfs.OpenFiles()
         self._endpoints = procfs.SocketEndpoints()
-        # (pid, tid) → the threads.csv line after its time field for a tick in which the
-        # thread did not run (every rate 0): most of a large idle pool, every tick
-        self._idle_tails: dict[tuple[int, int], str] = {}
         self._proc_csv = self._thr_csv = None
         if out_dir is not None:
             out = Path(out_dir)
@@ -218,7 +251,7 @@ class ProcessSampler:
     def retarget(self, pid: int) -> None:
         """Follow a new root pid (the SUT was restarted); rates restart from a baseline."""
         self.pid = pid
-        self._threads_prev.clear()
+        self._tasks.clear()
         self._procs_prev.clear()
         self._children_next = 0.0
 
@@ -248,15 +281,29 @@ class ProcessSampler:
         """Take one tick at monotonic ``t`` (seconds since start); None on the first call."""
         return self._collect(t, ts, late_s, emit=True)
 
+    @property
+    def last_threads(self) -> list[ThreadRow]:
+        """One row per thread of the last tick taken (pidstat -t's rows for that interval)."""
+        if self._last_threads is None:
+            t = self._rows_t
+            self._last_threads = [
+                r if type(r) is ThreadRow else ThreadRow(t, *r) for r in self._rows
+            ]
+        return self._last_threads
+
     def _collect(self, t: float, ts: float, late_s: float, emit: bool) -> ProcessTick | None:
         boot_now = self._boottime_ticks()
         dt = (t - self._t_prev) if self._t_prev is not None else None
         pids = self.pids(t)
-        threads_now: dict[tuple[int, int], _Thread] = {}
+        files = self._files
+        read = files.read
+        has_schedstat = self.has_schedstat
+        tasks_now: dict[int, dict[str, _Task]] = {}
         procs_now: dict[tuple[int, int], tuple[int, int, int]] = {}
-        rows: list[ThreadRow] = []
+        rows: list[ThreadRow | tuple] = []
         # threads.csv lines, in step with rows (None: no CSV is written)
         lines: list[str] | None = [] if self._thr_csv is not None else None
+        stamp = f"{t:.4f}"  # the time field of this tick's threads.csv lines
         proc_ticks = [0, 0, 0]  # Δ(utime−guest), Δstime, Δ(utime+stime)
         cs = [0, 0]
         rss = n_threads = n_fds = 0
@@ -265,7 +312,7 @@ class ProcessSampler:
         uss = pss = 0 if take_uss else None
         live = 0
         for pid in pids:
-            pst = procfs.read_stat(f"/proc/{pid}/stat")
+            pst = procfs.parse_stat_or_none(read(f"/proc/{pid}/stat"))
             if pst is None or pst.state in ("Z", "X"):
                 continue  # gone, or a zombie waiting for its parent to reap it
             live += 1
@@ -277,7 +324,7 @@ class ProcessSampler:
                 proc_ticks[0] += (pst.utime - pst.guest) - (prev_p[0] - prev_p[2])
                 proc_ticks[1] += pst.stime - prev_p[1]
                 proc_ticks[2] += (pst.utime + pst.stime) - (prev_p[0] + prev_p[1])
-            rss += procfs.read_rss_bytes(pid) or 0
+            rss += procfs.parse_rss_bytes(read(f"/proc/{pid}/statm")) or 0
             fds = procfs.scan_fds(pid)
             if fds is not None:
                 n_fds += fds[0]
@@ -287,14 +334,30 @@ class ProcessSampler:
                 if up is not None:
                     uss += up[0]
                     pss += up[1]
-            for tid in procfs.list_tids(pid):
-                n_threads += self._sample_thread(
-                    pid, tid, t, dt, emit, threads_now, rows, lines, cs
-                )
-        self._files.sweep()
-        if len(self._idle_tails) > 2 * len(threads_now):
-            self._idle_tails = {k: v for k, v in self._idle_tails.items() if k in threads_now}
-        self._threads_prev = threads_now
+            tasks_prev = self._tasks.get(pid, {})
+            tasks = tasks_now[pid] = {}
+            for name in procfs.list_task_names(pid):
+                task = tasks_prev.get(name)
+                if task is None:
+                    task = _Task(pid, int(name))
+                raw = read(task.schedstat) if has_schedstat else None
+                if raw is not None and raw == task.sched_raw and dt and dt > 0:
+                    # Did not run, and waited for no CPU, since the last tick: nothing moved.
+                    tasks[name] = task
+                    n_threads += 1
+                    if emit:
+                        idle = task.idle
+                        if idle is None:
+                            idle = task.idle = _idle_row(pid, task)
+                        rows.append(idle[0])
+                        if lines is not None:
+                            lines.append(stamp + idle[1])
+                    continue
+                if self._sample_thread(pid, task, raw, t, dt, emit, rows, lines, cs):
+                    tasks[name] = task
+                    n_threads += 1
+        files.sweep()
+        self._tasks = tasks_now
         self._procs_prev = procs_now
         self._t_prev = t
         self._boot_prev = boot_now
@@ -308,7 +371,7 @@ class ProcessSampler:
         scale = 100.0 / (HZ * dt)
         conns = None
         if self.peer_pids is not None:
-            me, own = os.getpid(), self._files.fd_names()
+            me, own = os.getpid(), files.fd_names()
             peer_sockets = [
                 i
                 for p in self.peer_pids()
@@ -334,7 +397,7 @@ class ProcessSampler:
             client_conns=conns,
         )
         self.recent.append(tick)
-        self.last_threads = rows
+        self._rows, self._rows_t, self._last_threads = rows, t, None
         if self._proc_csv is not None and self._thr_csv is not None:
             self._thr_csv.write_lines(lines)
             self._proc_csv.write([tick.as_row()])
@@ -343,46 +406,22 @@ class ProcessSampler:
     def _sample_thread(
         self,
         pid: int,
-        tid: int,
+        task: _Task,
+        raw: bytes | None,
         t: float,
         dt: float | None,
         emit: bool,
-        now: dict[tuple[int, int], _Thread],
-        rows: list[ThreadRow],
+        rows: list[ThreadRow | tuple],
         lines: list[str] | None,
         cs: list[int],
-    ) -> int:
-        """Read one thread into ``now``; append its row when there is a baseline. 1 if alive."""
-        base = f"/proc/{pid}/task/{tid}/"
+    ) -> bool:
+        """Read a thread that may have run since the last tick (``raw``: its schedstat
+        text, None without schedstat) into ``task``; append its row when there is a
+        baseline. False when the thread is gone."""
+        task.idle = None  # it ran: its CPU number or name may change
+        sched = procfs.parse_schedstat(raw)
+        old = task.counters
         files = self._files
-        sched = (
-            procfs.parse_schedstat(files.read(base + "schedstat")) if self.has_schedstat else None
-        )
-        old = self._threads_prev.get((pid, tid))
-        if (
-            sched is not None
-            and old is not None
-            and old.run_ns == sched[0]
-            and old.wait_ns == sched[1]
-            and old.pcount == sched[2]
-            and dt
-            and dt > 0
-        ):
-            # Did not run, and waited for no CPU, since the last tick: nothing moved.
-            now[(pid, tid)] = old
-            if emit:
-                row = ThreadRow(
-                    t, pid, tid, old.starttime, old.name, 0.0, 0.0, 0.0, 0.0, 0.0,
-                    old.processor, 0.0, 0.0,
-                )  # fmt: skip
-                rows.append(row)
-                if lines is not None:
-                    tail = self._idle_tails.get((pid, tid))
-                    if tail is None:
-                        tail = self._idle_tails[(pid, tid)] = row.csv_line()[len(f"{t:.4f}") :]
-                    lines.append(f"{t:.4f}{tail}")
-            return 1
-        self._idle_tails.pop((pid, tid), None)  # it ran: its CPU number or name may change
         if (
             sched is not None
             and old is not None
@@ -394,10 +433,10 @@ class ProcessSampler:
             # idle pool). Run-queue wait is only accounted when a thread is picked.
             cur = _Thread(*old[:7], sched[1], *old[8:])
         else:
-            st = procfs.parse_stat_or_none(files.read(base + "stat"))
+            st = procfs.parse_stat_or_none(files.read(task.stat))
             if st is None:
-                return 0
-            ctx = procfs.parse_ctxt(files.read(base + "status")) or (0, 0)
+                return False
+            ctx = procfs.parse_ctxt(files.read(task.status)) or (0, 0)
             cur = _Thread(
                 st.starttime, st.name, st.processor, st.utime, st.stime, st.guest,
                 sched[0] if sched else None, sched[1] if sched else None,
@@ -405,13 +444,14 @@ class ProcessSampler:
             )  # fmt: skip
             if old is not None and old.starttime != cur.starttime:
                 old = None  # the TID was reused by a new thread
-        now[(pid, tid)] = cur
+        task.counters = cur
+        task.sched_raw = raw if sched is not None else None
         if old is None:
             if self._t_prev is None or cur.starttime < self._boot_prev:
-                return 1  # first sight of an older thread: baseline only
+                return True  # first sight of an older thread: baseline only
             old = _ZERO  # born since the last tick: all its counters fell in this interval
         if not dt or dt <= 0:
-            return 1
+            return True
         d_vcs, d_nvcs = cur.vcs - old.vcs, cur.nvcs - old.nvcs
         cs[0] += d_vcs
         cs[1] += d_nvcs
@@ -421,26 +461,15 @@ class ProcessSampler:
             wait = None
             if cur.wait_ns is not None and old.wait_ns is not None:
                 wait = (cur.wait_ns - old.wait_ns) / 1e7 / dt
-            rows.append(
-                ThreadRow(
-                    t,
-                    pid,
-                    tid,
-                    cur.starttime,
-                    cur.name,
-                    max(0, d_u - d_g) * scale,
-                    d_s * scale,
-                    d_g * scale,
-                    wait,
-                    (d_u + d_s) * scale,
-                    cur.processor,
-                    d_vcs / dt,
-                    d_nvcs / dt,
-                )  # fmt: skip
-            )
+            row = ThreadRow(
+                t, pid, task.tid, cur.starttime, cur.name, max(0, d_u - d_g) * scale,
+                d_s * scale, d_g * scale, wait, (d_u + d_s) * scale, cur.processor,
+                d_vcs / dt, d_nvcs / dt,
+            )  # fmt: skip
+            rows.append(row)
             if lines is not None:
-                lines.append(rows[-1].csv_line())
-        return 1
+                lines.append(row.csv_line())
+        return True
 
     def close(self) -> None:
         self._files.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -45,8 +45,8 @@ def parse_stat(data: bytes) -> TaskStat:
     lpar = data.index(b"(")
     rpar = data.rindex(b")")
     name = data[lpar + 1 : rpar].decode("utf-8", "replace")
-    f = data[rpar + 2 :].split()
-    # f[0] is field 3 (state): field n is f[n - 3].
+    # f[0] is field 3 (state): field n is f[n - 3]; nothing past guest_time (43) is split
+    f = data[rpar + 2 :].split(None, 41)
     guest = int(f[40]) if len(f) > 40 else 0
     return TaskStat(name, f[0].decode(), int(f[11]), int(f[12]), int(f[19]), int(f[36]), guest)
 
@@ -99,10 +99,17 @@ def parse_ctxt(data: bytes | None) -> tuple[int, int] | None:
 
 
 def read_rss_bytes(pid: int) -> int | None:
-    data = _read(f"/proc/{pid}/statm")
+    return parse_rss_bytes(_read(f"/proc/{pid}/statm"))
+
+
+def parse_rss_bytes(data: bytes | None) -> int | None:
+    """Resident bytes from the text of /proc/PID/statm."""
     if not data:
         return None
-    return int(data.split()[1]) * PAGE_SIZE
+    try:
+        return int(data.split(None, 2)[1]) * PAGE_SIZE
+    except (ValueError, IndexError):
+        return None
 
 
 def read_uss_pss_bytes(pid: int) -> tuple[int, int] | None:
@@ -126,29 +133,28 @@ def count_fds_split(pid: int) -> tuple[int, int] | None:
     return None if scan is None else (scan[0], len(scan[1]))
 
 
-def scan_fds(pid: int, skip: Container[str] = ()) -> tuple[int, list[int]] | None:
+def scan_fds(pid: int, skip: Collection[str] = ()) -> tuple[int, list[int]] | None:
     """(open fds, the inode of each socket among them). ``skip``: fd numbers (as text)
     known not to be sockets, counted without a readlink (the sampler's own /proc files)."""
-    total = 0
-    sockets: list[int] = []
+    where = f"/proc/{pid}/fd/"
     try:
-        with os.scandir(f"/proc/{pid}/fd") as it:
-            for entry in it:
-                if entry.name in skip:
-                    total += 1
-                    continue
-                try:
-                    link = os.readlink(entry.path)
-                except OSError:
-                    # closed between the listing and the readlink: not counted at all.
-                    # Counted in the total, a socket closing as the listing ran (clients
-                    # reconnect all the time) read as a non-socket fd the server held.
-                    continue
-                total += 1
-                if link.startswith("socket:["):
-                    sockets.append(int(link[8:-1]))
+        names = os.listdir(where)
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    rest = set(names).difference(skip) if skip else names
+    total = len(names) - len(rest)
+    sockets: list[int] = []
+    for name in rest:
+        try:
+            link = os.readlink(where + name)
+        except OSError:
+            # closed between the listing and the readlink: not counted at all.
+            # Counted in the total, a socket closing as the listing ran (clients
+            # reconnect all the time) read as a non-socket fd the server held.
+            continue
+        total += 1
+        if link.startswith("socket:["):
+            sockets.append(int(link[8:-1]))
     return total, sockets
 
 
@@ -223,6 +229,7 @@ class OpenFiles:
             limit = 4096 if soft == resource.RLIM_INFINITY else max(0, soft // 2 - 64)
         self.limit = limit
         self._fds: dict[str, int] = {}
+        self._names: set[str] = set()  # the held fds as /proc/self/fd names them
         self._used: set[str] = set()
         self.opens = 0  # files opened so far (held or not): what the pread saves
 
@@ -250,11 +257,13 @@ class OpenFiles:
             os.close(fd)
             return None
         self._fds[path] = fd
+        self._names.add(str(fd))
         return data or None
 
     def _close(self, path: str) -> None:
         fd = self._fds.pop(path, None)
         if fd is not None:
+            self._names.discard(str(fd))
             os.close(fd)
 
     def sweep(self) -> None:
@@ -266,8 +275,8 @@ class OpenFiles:
         return len(self._fds)
 
     def fd_names(self) -> set[str]:
-        """The held fds as /proc/self/fd names them."""
-        return {str(fd) for fd in self._fds.values()}
+        """The held fds as /proc/self/fd names them (the set itself: do not change it)."""
+        return self._names
 
     def close(self) -> None:
         for path in list(self._fds):
@@ -339,11 +348,31 @@ def children_map(max_age_s: float = 0.5) -> dict[int, list[int]]:
     return _TABLE[2]
 
 
+def last_pid() -> int | None:
+    """The last process id the kernel handed out (/proc/loadavg's last field): while it
+    stays the same, no process or thread was started on the host."""
+    data = _read("/proc/loadavg")
+    try:
+        return int(data.rsplit(None, 1)[1]) if data else None
+    except (ValueError, IndexError):
+        return None
+
+
+_PASS_LAST_PID: int | None = None
+
+
+def pass_last_pid() -> int | None:
+    """``last_pid()`` as read just before the newest pass over /proc started: equal to
+    ``last_pid()`` now, no process started since that pass (None: no pass yet)."""
+    return _PASS_LAST_PID
+
+
 def _pass(max_age_s: float) -> None:
-    global _TABLE
+    global _TABLE, _PASS_LAST_PID
     now = time.monotonic()
     if now - _TABLE[0] <= max_age_s:
         return
+    started = last_pid()
     rows: dict[int, ProcRow] = {}
     table: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
@@ -354,7 +383,7 @@ def _pass(max_age_s: float) -> None:
             continue
         try:
             rpar = data.rindex(b")")
-            f = data[rpar + 2 :].split()
+            f = data[rpar + 2 :].split(None, 20)  # up to starttime (field 22)
             row = ProcRow(
                 int(f[1]),
                 data[data.index(b"(") + 1 : rpar].decode("utf-8", "replace"),
@@ -366,6 +395,7 @@ def _pass(max_age_s: float) -> None:
         rows[int(name)] = row
         table.setdefault(row.ppid, []).append(int(name))
     _TABLE = (now, rows, table)
+    _PASS_LAST_PID = started
 
 
 def descendants(pid: int, max_age_s: float = 0.5) -> list[int] | None:
@@ -382,9 +412,10 @@ def descendants(pid: int, max_age_s: float = 0.5) -> list[int] | None:
     return out
 
 
-def list_tids(pid: int) -> list[int]:
+def list_task_names(pid: int) -> list[str]:
+    """The TIDs of ``pid``'s threads as /proc/PID/task names them (text)."""
     try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        return os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return []
 

@@ -124,8 +124,8 @@ def read_run_stat(pid: int) -> tuple[int, int, int, int] | None:
     if not data:
         return None
     try:
-        f = data[data.rindex(b")") + 2 :].split()
-        # f[0] is field 3 (state): field n is f[n - 3]
+        # f[0] is field 3 (state): field n is f[n - 3]; split up to starttime (22)
+        f = data[data.rindex(b")") + 2 :].split(None, 20)
         return int(f[19]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14]), int(f[1])
     except (ValueError, IndexError):
         return None

@@ -94,6 +94,7 @@ class SamplingSession:
                 f"--pid has value {pid}: no such process. Give the pid of the running server"
             )
         self.retargets: list[dict] = []
+        self._scraping = [os.getpid()] if config.metrics_url else []
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.clock, self.wall = clock, wall
@@ -113,8 +114,9 @@ class SamplingSession:
             include_children=config.include_children,
             uss_every_s=config.uss_every_s,
             # the harness's own connections to the server: the load generator's and this
-            # sampler's (its metrics scrapes)
-            peer_pids=lambda: [*self.system.loadgen_now(), os.getpid()],
+            # sampler's (its metrics scrapes; without a metrics URL it has none, and its
+            # fd table — one fd per /proc file it keeps open — is not listed)
+            peer_pids=lambda: [*self.system.loadgen_now(), *self._scraping],
         )
         lg = loadgen_pids(config.loadgen_pids, exclude=lambda: [self.process.pid])
         everything = run_pids(config.loadgen_pids, sut=lambda: [self.process.pid])

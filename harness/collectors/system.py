@@ -130,6 +130,8 @@ class SystemSampler:
         # when the run's process list was taken (boot-time clock ticks): a process of the
         # run that started after it was never counted, so it counts whole when first seen
         self._listed_boot: float | None = None
+        # the host's last pid before the pass the run's list was made from (None: unknown)
+        self._listed_last_pid: int | None = None
         # recent passes over /proc (when, rows): the baseline for naming foreign processes
         self._tables: deque[tuple[float, dict[int, procfs.ProcRow]]] = deque(maxlen=4)
         # Finding a process tree scans every process on the host: rescan every few seconds.
@@ -166,8 +168,11 @@ class SystemSampler:
     def _rescan_run(self, fresh: bool = False) -> None:
         if self.run_pids is None:
             return
-        if fresh:  # not a pass from before the process we are looking for started
-            procfs.process_table(max_age_s=0.0)
+        # fresh: not a pass from before the process we are looking for started
+        procfs.process_table(max_age_s=0.0 if fresh else 0.5)
+        # the list is made from this pass (or, had it aged meanwhile, a newer one): no
+        # process started since while the host's last pid stays the same
+        self._listed_last_pid = procfs.pass_last_pid()
         self._adopted = {p for p in self._adopted if os.path.exists(f"/proc/{p}")}
         self._run = sorted({*self.run_pids(), *self._adopted})
         listed, _ = procfs.process_table()  # the pass the list was made from (monotonic)
@@ -220,9 +225,10 @@ class SystemSampler:
         )
         return delta, now, on
 
-    def _foreign(self, run: set[int]) -> tuple[tuple[int, str, float], ...]:
-        """The busiest processes outside the run since the last pass over /proc."""
-        when, rows = procfs.process_table(max_age_s=0.0)
+    def _foreign(self, run: set[int], since: float) -> tuple[tuple[int, str, float], ...]:
+        """The busiest processes outside the run since the last pass over /proc (a pass
+        made after monotonic ``since`` — this tick's — is used as it is)."""
+        when, rows = procfs.process_table(max_age_s=max(0.0, time.monotonic() - since))
         # the newest earlier pass at least half a second old (a rescan this tick made one)
         before = next((tb for tb in reversed(self._tables) if 0.5 <= when - tb[0] <= 30), None)
         self._remember((when, rows))
@@ -252,7 +258,13 @@ class SystemSampler:
         self._run_next = t + self.loadgen_every_s
         self._t_prev = t
 
+    def _run_may_have_grown(self) -> bool:
+        """A process was started on the host since the run's list was made (the host's
+        last pid moved): only then can a rescan find a process of the run it missed."""
+        return self._listed_last_pid is None or procfs.last_pid() != self._listed_last_pid
+
     def sample(self, t: float, ts: float, late_s: float = 0.0) -> SystemTick | None:
+        started = time.monotonic()
         cpu_now = procfs.read_cpu_times()
         lg_delta, lg_now, lg_per = self._loadgen_ticks(t)
         listed = self._listed_boot  # the list the previous tick counted
@@ -294,14 +306,20 @@ class SystemSampler:
 
             other = unattributed(self._scope, run_delta)
             on_cores = unattributed(server_cores(), on_server)
-            if (on_cores > RESCAN_PCT or other > LOOK_PCT) and not rescanned:
-                # a process of the run started since the last rescan: find it now
+            if (
+                (on_cores > RESCAN_PCT or other > LOOK_PCT)
+                and not rescanned
+                and self._run_may_have_grown()
+            ):
+                # a process of the run started since the last rescan: find it now (when
+                # no process started on the host since, the CPU is the kernel's or a
+                # tenant's, and a pass over /proc would find nothing new)
                 self._rescan_run(fresh=True)
                 run_delta, run_now, on_server = self._run_ticks(listed, dt)
                 other = unattributed(self._scope, run_delta)
                 on_cores = unattributed(server_cores(), on_server)
             if max(other, on_cores) > LOOK_PCT:
-                foreign = self._foreign(set(self._run))
+                foreign = self._foreign(set(self._run), started)
                 sut = self.sut_pid() if self.sut_pid is not None else None
                 restarted = [
                     f
