@@ -319,7 +319,7 @@ _PEEK_NOW = socket.MSG_PEEK | socket.MSG_DONTWAIT
 class Connection:
     """One keep-alive connection, used by one greenlet at a time."""
 
-    __slots__ = ("host", "port", "connect_timeout", "sock", "client", "family", "_timer")
+    __slots__ = ("host", "port", "connect_timeout", "sock", "client", "family")
 
     def __init__(
         self, host: str, port: int, connect_timeout: float = 5.0, client: Client | None = None
@@ -331,8 +331,6 @@ class Connection:
         self.sock: Any = None  # gevent socket, or gevent SSLSocket over one
         # an IP literal is connected to directly; a name is resolved at every connect
         self.family = ip_family(host)
-        # the request deadline: one timer per connection, re-armed for each exchange
-        self._timer: gevent.Timeout | None = None
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -411,12 +409,10 @@ class Connection:
         Raises RequestTimeout after ``timeout`` seconds, ConnectionFailed on any socket or
         protocol error; in both cases the connection is closed, never reused.
         """
-        timer = self._timer
-        if timer is None or timer.seconds != timeout:
-            if timer is not None:
-                timer.close()
-            timer = self._timer = gevent.Timeout(timeout, RequestTimeout)
-        timer.start()  # raises RequestTimeout into this greenlet after ``timeout`` s
+        # A fresh timer per exchange: a libev timer re-armed after a stop keeps only the
+        # time it had left, so a reused one would expire ever sooner on a busy connection.
+        timer = gevent.Timeout(timeout, RequestTimeout)
+        timer.start()
         try:
             sock = self.sock if self._alive() else None
             if sock is None:
@@ -464,7 +460,7 @@ class Connection:
             self.close()
             raise
         finally:
-            timer.cancel()
+            timer.close()
 
     def _parse_rest(self, sock: Any, received: bytes, method: str) -> tuple[int, bytes]:
         """The answer through geventhttpclient's parser (chunked, no length, 1xx, ...),
