@@ -34,9 +34,10 @@ TOKEN = "netns-agent-token"
 SUBNET = "10.213.77"
 SERVER_IP, LOAD_IP = f"{SUBNET}.1", f"{SUBNET}.2"
 SERVER_PORT, AGENT_PORT, MASTER_PORT = 8000, 8765, 5557
-# short, but long enough for what each judges: the soak's trends need 8 buckets, the
-# contention blocks (scaled with the scenario) 3 windows each after their warm-up
-DURATION_S = {"soak": 45, "contention": 60}
+# short, but long enough for what each proves: the soak's trends need 8 buckets to be
+# judged; the contention run proves the hogs go through the agent (its checks are the
+# mechanics checklist's, not the contention verdicts), so half its quick length will do
+DURATION_S = {"soak": 45, "contention": 30}
 SOAK_CHECKS = ("soak.rss_trend", "soak.threads_trend", "soak.fds_trend")
 
 
