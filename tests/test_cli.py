@@ -74,6 +74,30 @@ def test_readme_lists_every_check_id():
     assert not missing, f"README's check table lacks {missing}"
 
 
+def test_readme_names_every_packaged_scenario():
+    scenarios = sorted(f.stem for f in (REPO / "scenarios").glob("*.toml"))
+    readme = (REPO / "README.md").read_text()
+    listed = readme.split("`SCENARIO` is a name from `scenarios/`", 1)[1].split(")", 1)[0]
+    assert sorted(re.findall(r"`(\w+)`", listed)) == scenarios
+    guide_opening = (REPO / "docs" / "scenarios.md").read_text().split("\n\n")[1]
+    assert sorted(re.findall(r"`(\w+)`", guide_opening.split("—")[1])) == scenarios
+
+
+def test_locust_options_lists_every_plugin_option_with_its_environment_variable():
+    import configargparse
+
+    from harness.load.options import add_options
+
+    parser = configargparse.ArgumentParser(add_help=False)
+    add_options(parser)
+    flags = [a.option_strings[0] for a in parser._actions if a.option_strings]
+    r = harness("locust-options")
+    assert r.returncode == 0, r.stderr
+    missing = [f for f in flags if f not in r.stdout]
+    assert not missing, missing
+    assert "[env var: HARNESS_SCENARIO]" in " ".join(r.stdout.split())
+
+
 @pytest.mark.slow
 def test_unreachable_target_fails_with_the_cause_and_writes_a_report(tmp_path):
     port = free_port()  # nothing listens there

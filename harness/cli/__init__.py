@@ -19,13 +19,14 @@ from harness.cli.agent import add_agent
 from harness.cli.common import Parser, Subparsers
 from harness.cli.peak import add_peak, add_tune
 from harness.cli.results import add_compare, add_judge, add_report
-from harness.cli.run import add_acceptance, add_run
+from harness.cli.run import add_acceptance, add_locust_options, add_run
 from harness.cli.sample import add_sample
 from harness.errors import ExitCode, HarnessError
 
 SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_acceptance,
     add_run,
+    add_locust_options,
     add_sample,
     add_report,
     add_judge,

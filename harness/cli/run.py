@@ -174,6 +174,34 @@ def add_run(sub: Subparsers) -> None:
     p.set_defaults(handler=_run_run)
 
 
+def add_locust_options(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "locust-options",
+        help="list the options the harness adds to Locust (locust -f locustfiles/inference.py)",
+        description="Print the harness's Locust options and their HARNESS_* environment "
+        "variables. Locust prints its own --help before it loads a locustfile, so "
+        "`locust -f locustfiles/inference.py --help` cannot show them.",
+    )
+    p.set_defaults(handler=_print_locust_options)
+
+
+def _print_locust_options(args: argparse.Namespace) -> int:
+    import configargparse
+
+    from harness.load.options import add_options
+
+    parser = configargparse.ArgumentParser(
+        prog="locust -f locustfiles/inference.py",
+        usage="locust -f locustfiles/inference.py [locust options] [harness options]",
+        add_help=False,
+        add_env_var_help=True,
+        add_config_file_help=False,
+    )
+    add_options(parser)
+    parser.print_help()
+    return 0
+
+
 def plan_request(
     args: argparse.Namespace, scenarios: tuple[str, ...], default_out: str
 ) -> PlanRequest:
