@@ -83,6 +83,17 @@ def test_readme_names_every_packaged_scenario():
     assert sorted(re.findall(r"`(\w+)`", guide_opening.split("—")[1])) == scenarios
 
 
+def test_locust_spellings_mean_the_same_as_the_harness_ones():
+    from harness.cli import build_parser
+
+    parser = build_parser()
+    for command in (["run", "steady_state"], ["acceptance"], ["peak", "--slo-p99-ms", "100"]):
+        args = parser.parse_args([*command, "--host", "http://127.0.0.1:9"])
+        assert args.target == "http://127.0.0.1:9", command
+    assert parser.parse_args(["sample", "--sut-pid", "7", "--out", "o"]).pid == 7
+    assert parser.parse_args(["sample", "--pid", "7", "--out", "o"]).pid == 7
+
+
 def test_locust_options_lists_every_plugin_option_with_its_environment_variable():
     import configargparse
 

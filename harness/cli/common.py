@@ -56,8 +56,15 @@ def fraction(text: str) -> float:
 
 
 def add_target_url(g: argparse._ActionsContainer) -> None:
-    """--target URL: a server the harness did not start."""
-    g.add_argument("--target", default=None, metavar="URL", help="attach to a running server")
+    """--target URL (or Locust's spelling, --host): a server the harness did not start."""
+    g.add_argument(
+        "--target",
+        "--host",
+        dest="target",
+        default=None,
+        metavar="URL",
+        help="attach to a running server (--host is the same option, as Locust spells it)",
+    )
 
 
 def add_sut_pid(g: argparse._ActionsContainer) -> None:

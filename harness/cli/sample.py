@@ -20,7 +20,14 @@ def add_sample(sub: Subparsers) -> None:
         "threads, fds), system CPU per core and optionally a /metrics URL; stream CSVs to "
         "--out. Runs until --duration or Ctrl-C.",
     )
-    p.add_argument("--pid", type=int, default=None, help="pid of the server to watch")
+    p.add_argument(
+        "--sut-pid",
+        "--pid",
+        dest="pid",
+        type=int,
+        default=None,
+        help="pid of the server to watch (--pid is the same option)",
+    )
     p.add_argument(
         "--pid-file",
         default=None,
