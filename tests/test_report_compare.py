@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from harness.errors import ResultFormatError
+from harness.errors import ConfigError, ResultFormatError
 from harness.report.compare import (
     IMPROVED,
     INSUFFICIENT,
@@ -17,9 +17,11 @@ from harness.report.compare import (
     REGRESSED,
     UNCHANGED,
     Margin,
+    Margins,
     compare,
     compare_dirs,
     judge,
+    parse_margin,
 )
 from harness.results import write_document
 from harness.testing.reference_document import build_document
@@ -129,6 +131,36 @@ def test_different_machines_are_refused_unless_forced(runs, field):
     forced = compare(base, new, force=True)
     assert any(f"machine.{field}" in w and "--force" in w for w in forced.warnings)
     assert not forced.regressed
+
+
+def test_another_patch_release_of_the_same_python_is_compared_with_a_warning(runs):
+    base, new = copy.deepcopy(runs[0]), copy.deepcopy(runs[1])
+    base["machine"]["python"], new["machine"]["python"] = "3.11.7", "3.11.9"
+    cmp = compare(base, new)
+    assert any("machine.python" in w and "same minor version" in w for w in cmp.warnings)
+    new["machine"]["python"] = "3.12.1"
+    with pytest.raises(ResultFormatError, match=r"machine\.python is '3\.11\.7'"):
+        compare(base, new)
+
+
+def test_a_margin_given_on_the_command_line_decides_what_regressed(runs):
+    base, new = copy.deepcopy(runs[0]), copy.deepcopy(runs[1])
+    rng = np.random.default_rng(5)
+    base["scenarios"][0]["by_class"]["high"]["latency_hdr"] = hdr(rng.normal(3000, 100, 2000))
+    new["scenarios"][0]["by_class"]["high"]["latency_hdr"] = hdr(rng.normal(3750, 100, 2000))
+    assert _row(compare(base, new), "steady_state", "p50_ms[high]").status == REGRESSED
+    wide = parse_margin("p50_ms=0.5")  # 50 %: a 25 % move is noise
+    assert wide.p50_ms.abs_floor == Margins().p50_ms.abs_floor  # floor kept when omitted
+    assert (
+        _row(compare(base, new, margins=wide), "steady_state", "p50_ms[high]").status != REGRESSED
+    )
+    assert parse_margin("p99_ms=0.3:2").p99_ms == Margin(0.3, 2.0)
+    for bad in ("p98_ms=0.1", "p99_ms", "p99_ms=-1", "p99_ms=x:1"):
+        with pytest.raises(ConfigError, match="METRIC=REL"):
+            parse_margin(bad)
+    from harness.cli import main
+
+    assert main(["compare", "base", "new", "--margin", "p98_ms=0.1"]) == 2  # before any read
 
 
 def test_platform_or_version_differences_only_warn(runs):

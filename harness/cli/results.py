@@ -59,14 +59,26 @@ def add_compare(sub: Subparsers) -> None:
     p.add_argument(
         "--force", action="store_true", help="compare even if the machines' metadata differ"
     )
+    p.add_argument(
+        "--margin",
+        action="append",
+        default=[],
+        metavar="METRIC=REL[:FLOOR]",
+        help="noise margin of a metric (repeatable): a change is real beyond max(FLOOR, REL x "
+        "base); metrics p50_ms, p99_ms, throughput_rps, error_rate, rss_slope_mib_min, check "
+        "(defaults and why: docs/outputs.md), e.g. --margin p99_ms=0.3:2",
+    )
     p.add_argument("--markdown", default=None, help="also write the comparison table here")
     p.set_defaults(handler=_run_compare)
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from harness.report.compare import compare_dirs
+    from harness.report.compare import Margins, compare_dirs, parse_margin
 
-    comparison = compare_dirs(args.base, args.new, force=args.force)
+    margins = Margins()
+    for text in args.margin:
+        margins = parse_margin(text, margins)
+    comparison = compare_dirs(args.base, args.new, force=args.force, margins=margins)
     print(comparison.to_text(), end="")
     if args.markdown:
         Path(args.markdown).write_text(comparison.to_markdown())

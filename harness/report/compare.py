@@ -13,15 +13,17 @@ whatever its margin. p99 is compared only when both runs have ≥ 1,000 samples 
 from fewer has a confidence interval too wide to compare: docs/checks.md): below that the row says "insufficient samples", never "unchanged".
 
 Numbers from different machines are not comparable: runs whose ``machine`` metadata differ
-in CPU model, governor, cpu_count, affinity or python are refused (ResultFormatError
-naming the field) unless ``force=True`` (``--force``), and then the difference is printed
-as a warning. The hostname is not compared: every ephemeral CI runner has its own, on the
+in CPU model, governor, cpu_count, affinity or Python's minor version are refused
+(ResultFormatError naming the field) unless ``force=True`` (``--force``), and then the
+difference is printed as a warning; another patch release of the same Python (CI images
+float it) is compared, with a warning. ``--margin METRIC=REL[:FLOOR]`` replaces a margin. The hostname is not compared: every ephemeral CI runner has its own, on the
 same hardware class. Documents written before the CPU model was recorded fall back to the
 hostname (nothing else says the CPU is the same).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 from collections.abc import Mapping
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ResultFormatError
+from harness.errors import ConfigError, ResultFormatError
 from harness.report.common import (
     TrendLine,
     check_state,
@@ -385,6 +387,11 @@ def compare(
             continue
         _, a, b = diff
         msg = f"machine.{fld} is {a!r} in {labels[0]} but {b!r} in {labels[1]}"
+        if fld == "python" and _minor_version(a) == _minor_version(b) is not None:
+            # CI images float the patch release (setup-python's "3.11"); a patch release
+            # changes no interpreter performance a margin would not absorb.
+            warnings.append(f"{msg} (same minor version: compared)")
+            continue
         if not force:
             raise ResultFormatError(
                 f"cannot compare runs from different machines: {msg}; numbers are not comparable — pass --force to compare anyway"
@@ -428,6 +435,36 @@ def compare(
     return Comparison(labels[0], labels[1], tuple(deltas), tuple(warnings), tuple(invalid), m)
 
 
+def _minor_version(version: Any) -> str | None:
+    """ "3.11" for "3.11.7" (a version string's first two parts); None when it has fewer."""
+    parts = str(version or "").split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and all(parts[:2]) else None
+
+
+def parse_margin(text: str, margins: Margins | None = None) -> Margins:
+    """``METRIC=REL[:FLOOR]`` (``--margin p99_ms=0.3:2``) applied to ``margins``: REL a
+    fraction of the base value, FLOOR the absolute floor in the metric's unit (kept from
+    the default when omitted). A ConfigError naming the metrics when it does not parse."""
+    m = margins or Margins()
+    names = [f.name for f in dataclasses.fields(Margins)]
+    metric, sep, value = text.partition("=")
+    rel_text, _, floor_text = value.partition(":")
+    try:
+        if not sep or metric not in names:
+            raise ValueError
+        current: Margin = getattr(m, metric)
+        rel = float(rel_text)
+        floor = float(floor_text) if floor_text else current.abs_floor
+        if not (rel >= 0 and floor >= 0):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"--margin has value {text!r}; use METRIC=REL[:FLOOR] with REL and FLOOR ≥ 0, "
+            f"METRIC one of {', '.join(names)} (e.g. --margin p99_ms=0.3:2)"
+        ) from None
+    return dataclasses.replace(m, **{metric: Margin(rel, floor)})
+
+
 def _by_name(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     # A scenario run twice in one document is told apart by its occurrence: name#2.
     out: dict[str, Mapping[str, Any]] = {}
@@ -441,7 +478,10 @@ def _by_name(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def compare_dirs(
-    base_dir: str | os.PathLike[str], new_dir: str | os.PathLike[str], force: bool = False
+    base_dir: str | os.PathLike[str],
+    new_dir: str | os.PathLike[str],
+    force: bool = False,
+    margins: Margins | None = None,
 ) -> Comparison:
     """``harness compare BASE_DIR NEW_DIR``: load both results.json and compare them."""
     base, new = Path(base_dir), Path(new_dir)
@@ -449,5 +489,6 @@ def compare_dirs(
         load_document(base / "results.json"),
         load_document(new / "results.json"),
         force=force,
+        margins=margins,
         labels=(str(base), str(new)),
     )
