@@ -218,7 +218,7 @@ def add_tune(sub: Subparsers) -> None:
         help="find the server configuration with the highest peak under an SLO",
         description="For each configuration of --space filled into --sut-cmd: start the "
         "server, find its peak under the SLO (as `harness peak`, with --repeats), record "
-        "CPU per request and RSS; quick mode hill-climbs from --default and prunes dominated "
+        "CPU per request and RSS; --hill-climb (the default) climbs from --default and prunes dominated "
         "directions (Triton model_analyzer's quick search), --brute measures every "
         "configuration. A separation that alone keeps a configuration out of rank 1 and is "
         "inside --prune-margin is measured again head to head (the two alternately, each "
@@ -261,12 +261,14 @@ def add_tune(sub: Subparsers) -> None:
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--brute", action="store_true", help="measure every configuration")
-    mode.add_argument("--quick", action="store_true", help="hill-climb and prune (default)")
+    mode.add_argument(
+        "--hill-climb", action="store_true", help="hill-climb and prune (the default)"
+    )
     p.add_argument(
         "--prune-margin",
         type=fraction,
         default=0.2,
-        help="a neighbour this much below its origin prunes its direction in quick mode; "
+        help="a neighbour this much below its origin prunes its direction in the hill climb; "
         "a separation closer than this is measured again head to head (0.2)",
     )
     add_sut_cores(p)
