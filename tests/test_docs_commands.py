@@ -68,9 +68,12 @@ def _words(line: str) -> list[str]:
 
 def _parse(parser, argv: list[str]) -> str:
     err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        with contextlib.suppress(SystemExit):
-            parser.parse_args(argv)
+    with (
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.suppress(SystemExit),
+    ):
+        parser.parse_args(argv)
     return err.getvalue()
 
 
