@@ -1,23 +1,26 @@
 """Slow: a tiny `harness tune` end to end against the real reference server.
 
-2 x 2 space (max batch 4/16 x workers 1/2) of the simulated model (its batches sleep
-15 ms + 0.3 ms a row, so the peaks differ by configuration and not by how busy the CI box
-is), short points (confidence 0.5: 168 requests a point), a 25 % resolution, one outcome
-per rate, a planted regression (``--fault no-batching`` appended to max_batch=16,
-workers=2): the tune must not recommend it, must rank a batching configuration first,
-write its reports, and a second invocation with the same arguments must resume from the
-state file without measuring.
+A 1-D space of three configurations (1, 2 or 3 workers of the simulated model at max
+batch 4: its batches sleep 15 ms + 0.3 ms a row, so the peaks differ by configuration and
+not by how busy the CI box is), short points (confidence 0.5: 168 requests a point), a
+25 % resolution, one outcome per rate, a planted regression on the configuration that
+would otherwise be fastest (``--fault no-batching`` appended to workers=3): the tune must
+not recommend it, must recommend the second worker over the default, write its reports,
+and a second invocation with the same arguments must resume from the state file without
+measuring.
 
 Why 25 %, one repeat and 7 points: a configuration is ranked on its peak only when its
 search ended at its edge (a bracket within the tolerance), and ranks below another only
 when it missed the SLO from a rate the other held 1 + resolution above. The default is
-measured first, bracketing up from 100 req/s by 1.5 x a point (its limit is ~247 req/s):
-met at 100, 150 and 225, missed at 337.5, then the midpoint 281 missed — [225, 281] is
-within 25 %, five points (two to spare for a point the validity rules refuse). The others
-start at 0.8 x its peak (180) and a batching one holds 405 or 607.5, 25 % above the
-default's 281: the default ranks below. With the edge repeats (3 outcomes per bound) no
-configuration reaches its edge in a budget this small, and a search stopped by its budget
-is not measured.
+measured first, bracketing up from 150 req/s by 1.5 x a point (its limit is ~247 req/s):
+met at 150 and 225, missed at 337.5, then the midpoint 281 missed — [225, 281] is within
+25 %, four points (three to spare for a point the validity rules refuse). The others start
+at 0.8 x its peak (180); two workers hold 405, 25 % above the default's 281: the default
+ranks below. The climb measures the default's neighbour (2 workers), then that one's
+(the planted 3 workers, ~65 req/s a worker without batching): every configuration is
+measured, the planted one below the recommended. With the edge repeats (3 outcomes per
+bound) no configuration reaches its edge in a budget this small, and a search stopped by
+its budget is not measured.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from harness.errors import ExitCode
 
 pytestmark = pytest.mark.slow
 
-PLANTED = "max_batch=16,workers=2"
+PLANTED = "workers=3"
 
 
 def _argv(out: Path) -> list[str]:
@@ -45,11 +48,9 @@ def _argv(out: Path) -> list[str]:
         "tune",
         "--sut-cmd",
         f"{sys.executable} -m reference_server --model sim --port {{port}} "
-        "--max-batch-size {max_batch} --workers {workers}",
+        "--max-batch-size 4 --workers {workers}",
         "--space",
-        "max_batch=4,16",
-        "--space",
-        "workers=1,2",
+        "workers=1,2,3",
         "--append-for",
         f"{PLANTED}:--fault no-batching",
         "--slo-p99-ms",
@@ -67,7 +68,7 @@ def _argv(out: Path) -> list[str]:
         "--repeats",
         "1",
         "--start-rps",
-        "100",
+        "150",
         "--no-checklist",
         "--out",
         str(out),
@@ -128,9 +129,9 @@ def test_tiny_tune_end_to_end_never_recommends_the_planted_regression(tmp_path) 
     tune = doc["tune"]
     ranked = {r["key"]: r for r in tune["ranked"]}
     assert tune["recommended"] != PLANTED
-    # the default (max batch 4, 1 worker: ~247 req/s at most, a batch of 4 costs 16.2 ms)
-    # is beaten by a bigger batch or a second worker
-    assert tune["recommended"] != tune["default"] == "max_batch=4,workers=1"
+    # the default (1 worker: ~247 req/s at most, a batch of 4 costs 16.2 ms) is beaten by
+    # a second worker
+    assert tune["recommended"] == "workers=2" and tune["default"] == "workers=1"
     assert tune["margin_over_default"] is not None and tune["margin_over_default"] > 0
     assert ranked[tune["recommended"]]["status"] == "measured" and tune["verdict"] == "pass"
     if PLANTED in ranked and ranked[PLANTED]["status"] == "measured":  # ~65 req/s a worker
