@@ -108,6 +108,7 @@ async def request(
             if not message.get("more_body", False):
                 gone.set()
 
+    path, _, query = path.partition("?")
     scope = {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -115,7 +116,7 @@ async def request(
         "method": method,
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "root_path": "",
         "scheme": "http",
         "headers": [(b"content-type", b"application/json"), (b"host", b"test")],

@@ -1,7 +1,8 @@
 """The LLM server's ASGI app: OpenAI-compatible routes, shaped as vLLM answers them.
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming or not),
-``GET /v1/models``, ``/health``, ``/metrics``. A stream is ``text/event-stream``: for chat
+``GET /v1/models``, ``/health``, ``/metrics``, and with ``--record-timings``
+``GET /debug/timings`` (reference_server/llm/timings.py). A stream is ``text/event-stream``: for chat
 a first chunk with the role (sent with the first token), one chunk per token, a chunk
 with the ``finish_reason``, with ``stream_options.include_usage`` a usage chunk with
 ``choices: []``, then ``data: [DONE]``. An error after the headers is sent as
@@ -35,6 +36,7 @@ from reference_server.llm.metrics import CONTENT_TYPE, LLMMetrics
 from reference_server.llm.requests import BadRequest, LLMRequest, error_doc, parse_request
 from reference_server.llm.sequence import Sequence
 from reference_server.llm.stream import StreamWriter, fail_point, usage
+from reference_server.llm.timings import TimingLog
 from reference_server.llm.tokens import stream_key
 
 log = logging.getLogger("reference_server")
@@ -54,6 +56,7 @@ class LLMState:
         self.clock = clock
         self.metrics = LLMMetrics(config.model_name, config.faults.names())
         self.engine = Engine(config.engine_config(), clock=clock, observer=self.metrics)
+        self.timings = TimingLog(config.timings_keep) if config.record_timings else None
         self.rng = random.Random(config.seed)  # error-in-200's draws
         self.streams = 0  # stream-stall: every tenth stream
         self.ready = False
@@ -119,6 +122,8 @@ class _Generation(Response):
             watcher.cancel()
             if not seq.finished:
                 state.engine.abort(seq, "disconnect")
+            if seq.timings is not None:
+                seq.timings.finished(seq.finish_reason, len(seq.output), seq.preemptions)
             state.leave()
 
     async def _watch_disconnect(self, receive: Receive) -> None:
@@ -144,6 +149,8 @@ class _Generation(Response):
             status, doc = 200, completion_doc(state, req, seq)
         else:
             status, doc = 503, error_doc(503, _ABORT_MESSAGES.get(reason or "", str(reason)))
+        if seq.timings is not None and "id" in doc:
+            seq.timings.id = doc["id"]
         body = json.dumps(doc, separators=(",", ":")).encode()
         await send(
             {
@@ -156,6 +163,10 @@ class _Generation(Response):
             }
         )
         await send({"type": "http.response.body", "body": body})
+        if seq.timings is not None:
+            if seq.output and status == 200 and "id" in doc:
+                seq.timings.written([len(seq.output)])
+            seq.timings.finished(reason, len(seq.output), seq.preemptions)
 
 
 _ABORT_MESSAGES = {
@@ -214,6 +225,7 @@ def create_llm_app(config: LLMConfig, clock: Callable[[], float] = time.monotoni
         except BadRequest as exc:
             state.metrics.rejected.labels("invalid").inc()
             return _error(exc.status, exc.message, exc.param)
+        arrival_ns = time.monotonic_ns() if state.timings is not None else 0
         seq = Sequence(
             req.prompt_ids,
             stream_key(req.prompt_ids, req.seed),
@@ -228,6 +240,14 @@ def create_llm_app(config: LLMConfig, clock: Callable[[], float] = time.monotoni
         except QueueFull as exc:
             state.metrics.rejected.labels("queue_full").inc()
             return _error(429, f"{exc}; retry later", headers=retry_after)
+        if state.timings is not None:  # before the engine's next step can schedule it
+            seq.timings = state.timings.start(
+                "chat" if chat else "completions",
+                req.stream,
+                req.priority,
+                len(req.prompt_ids),
+                arrival_ns,
+            )
         state.enter()
         return _Generation(state, req, seq)
 
@@ -255,6 +275,12 @@ def create_llm_app(config: LLMConfig, clock: Callable[[], float] = time.monotoni
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    async def debug_timings(request: Request) -> Response:
+        if state.timings is None:
+            return _error(404, "timings are not recorded: start the server with --record-timings")
+        clear = request.query_params.get("clear") in ("1", "true")
+        return JSONResponse(state.timings.snapshot(clear=clear))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await state.start()
@@ -270,6 +296,7 @@ def create_llm_app(config: LLMConfig, clock: Callable[[], float] = time.monotoni
             Route("/v1/models", models),
             Route("/health", health),
             Route("/metrics", metrics),
+            Route("/debug/timings", debug_timings),
         ],
         lifespan=lifespan,
     )

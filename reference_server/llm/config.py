@@ -38,6 +38,8 @@ class LLMConfig:
     retry_after_s: int = 1
     drain_timeout_s: float = 30.0
     seed: int = 0
+    record_timings: bool = False
+    timings_keep: int = 2000
     faults: Any = dataclasses.field(default_factory=LLMFaultSet)
     log_level: str = "warning"
     access_log: bool = False
@@ -51,6 +53,7 @@ class LLMConfig:
             ("--max-waiting", self.max_waiting),
             ("--max-model-len", self.max_model_len),
             ("--retry-after-s", self.retry_after_s),
+            ("--timings-keep", self.timings_keep),
         ):
             _check(value >= 1, flag, value, "an integer >= 1")
         for flag, value in (
@@ -105,6 +108,7 @@ class LLMConfig:
             "beta": [self.beta0_ms / 1e3, self.beta1_us / 1e6, self.beta2_us / 1e6],
             "prefix_caching": self.prefix_caching,
             "seed": self.seed,
+            "record_timings": self.record_timings,
             "faults": self.faults.names(),
         }
 
@@ -157,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout-s", type=float, default=d.drain_timeout_s)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
+        "--record-timings",
+        action="store_true",
+        help="record per-request server timestamps, served at GET /debug/timings",
+    )
+    p.add_argument(
+        "--timings-keep",
+        type=int,
+        default=d.timings_keep,
+        help="with --record-timings: how many of the latest requests are kept",
+    )
+    p.add_argument(
         "--fault", action="append", default=[], metavar="NAME[:PARAM]", help=LLM_FAULT_HELP
     )
     p.add_argument("--log-level", default=d.log_level)
@@ -185,6 +200,8 @@ def parse_llm_config(argv: Sequence[str] | None = None) -> LLMConfig:
         retry_after_s=ns.retry_after_s,
         drain_timeout_s=ns.drain_timeout_s,
         seed=ns.seed,
+        record_timings=ns.record_timings,
+        timings_keep=ns.timings_keep,
         faults=parse_llm_faults(ns.fault),
         log_level=ns.log_level,
         access_log=ns.access_log,

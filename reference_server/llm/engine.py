@@ -6,9 +6,13 @@ sequences (lowest ``priority`` value first, then arrival) while the step's token
 (``max_num_batched_tokens``), ``max_num_seqs`` and the free KV blocks allow. A sequence
 that needs a block when none is free preempts the running sequence that comes last in
 priority order: its blocks are freed and it waits to be recomputed from its prompt and
-the tokens it already produced (vLLM's RECOMPUTE). A step lasts the cost model's time
-(``EngineConfig.step_seconds``), slept, never computed; at its end every sequence whose
-tokens are all computed samples its next token from ``reference_server.llm.tokens``.
+the tokens it already produced (vLLM's RECOMPUTE). A waiting sequence that cannot start
+(no sequence slot, no KV room, no token budget left) preempts, the same way, running
+sequences that rank below it, last first (vLLM's priority scheduling), so it starts in
+the step that finds it waiting. A step lasts the cost model's time
+(``EngineConfig.step_seconds``), slept until its absolute end, never computed; at its
+end every sequence whose tokens are all computed samples its next token from
+``reference_server.llm.tokens``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Protocol
 
 from reference_server.llm.kv_cache import KVCache, block_hashes
 from reference_server.llm.sequence import Sequence, Step
+from reference_server.llm.timer import DeadlineTimer
 from reference_server.llm.tokens import token_at
 
 # the step loop's timer correction: each step's error moves the slack by this share of it
@@ -79,12 +84,15 @@ class Engine:
         self,
         config: EngineConfig,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        wait_until: Callable[[float], Awaitable[object]] | None = None,
         observer: EngineObserver | None = None,
     ) -> None:
+        """``wait_until(t)`` returns once ``clock()`` reaches ``t``; by default a
+        ``DeadlineTimer`` made when the loop starts (``clock`` is then ``time.monotonic``)."""
         self.config = config
         self.clock = clock
-        self.sleep = sleep
+        self._timer: DeadlineTimer | None = None
+        self.wait_until = wait_until
         self.observer = observer
         self.kv = KVCache(config.num_blocks, config.block_size, config.prefix_caching)
         self.running: list[Sequence] = []
@@ -199,6 +207,8 @@ class Engine:
         if seq.preemptions == 0 and self.observer is not None:
             self.observer.on_prefix_lookup(len(seq.prompt_ids), seq.num_computed)
         seq.prefix_hit_tokens = max(seq.prefix_hit_tokens, seq.num_computed)
+        if seq.timings is not None and seq.timings.scheduled_ns is None:
+            seq.timings.scheduled_ns = time.monotonic_ns()
         self._pop_waiting()
         seq.state = "running"
         self.running.append(seq)
@@ -229,27 +239,47 @@ class Engine:
             budget -= n
         work = [(s, n) for s, n in work if s.state == "running"]
         if cfg.chunked_prefill and not preempted and not (cfg.static_batching and self.running):
-            while budget > 0 and len(self.running) < cfg.max_num_seqs:
-                seq = self._peek_waiting()
-                if seq is None:
-                    break
-                n = self._admit(seq, budget, whole=False)
+            while (seq := self._peek_waiting()) is not None:
+                n = 0
+                if budget > 0 and len(self.running) < cfg.max_num_seqs:
+                    n = self._admit(seq, budget, whole=False)
                 if n == 0:
-                    break
+                    freed = self._preempt_below(seq, work)
+                    if freed is None:
+                        break
+                    budget += freed
+                    continue
                 work.append((seq, n))
                 budget -= n
         return self._step(work)
 
+    def _preempt_below(self, seq: Sequence, work: list[tuple[Sequence, int]]) -> int | None:
+        """Preempt the last-ranked running sequence if its priority is lower than
+        ``seq``'s (never one of the same priority) and drop its share of ``work``: the
+        tokens of budget that frees; None when no running sequence ranks below."""
+        if not self.running:
+            return None
+        victim = max(self.running, key=self._rank)
+        if self._rank(victim)[0] <= self._rank(seq)[0]:
+            return None
+        self._preempt(victim)
+        freed = sum(n for s, n in work if s is victim)
+        work[:] = [(s, n) for s, n in work if s is not victim]
+        return freed
+
     def _admit_whole_prompts(self, budget: int) -> list[tuple[Sequence, int]]:
         """Without chunked prefill: whole prompts, the first even past the budget."""
         work: list[tuple[Sequence, int]] = []
-        while len(self.running) < self.config.max_num_seqs:
-            seq = self._peek_waiting()
-            if seq is None or (work and seq.num_tokens > budget):
+        while (seq := self._peek_waiting()) is not None:
+            if work and seq.num_tokens > budget:
                 break
-            n = self._admit(seq, budget, whole=True)
+            n = 0
+            if len(self.running) < self.config.max_num_seqs:
+                n = self._admit(seq, budget, whole=True)
             if n == 0:
-                break
+                if self._preempt_below(seq, work) is None:
+                    break
+                continue
             work.append((seq, n))
             budget -= n
         return work
@@ -327,12 +357,17 @@ class Engine:
         return not self.running and self._peek_waiting() is None
 
     async def run(self) -> None:
-        """Step while there is work; sleep each step's modelled time. A step starts at
-        the previous step's modelled end, so the loop's own CPU time is absorbed, and
-        each sleep is shortened by the timer's learned lateness (``slack``), so a step's
-        actual end is centred on its modelled end."""
+        """Step while there is work; wait until each step's modelled end. A step starts
+        at the previous step's modelled end (an absolute deadline: the loop's own CPU
+        time is absorbed, no drift accumulates), and each wait ends earlier by the
+        timer's learned lateness (``slack``), so a step's actual end is centred on its
+        modelled end."""
         start: float | None = None
         slack = 0.0
+        wait_until = self.wait_until
+        if wait_until is None:
+            self._timer = DeadlineTimer()
+            wait_until = self._timer.wait_until
         while not self._stopping:
             if self.idle:
                 self._wake.clear()
@@ -346,9 +381,8 @@ class Engine:
             self.expire(now)
             step = self.schedule()
             end = start + step.seconds
-            delay = end - self.clock() - slack
-            if delay > 0:
-                await self.sleep(delay)
+            if end - slack > self.clock():
+                await wait_until(end - slack)
             else:
                 await asyncio.sleep(0)  # let the streams run
             actual = self.clock()
@@ -373,6 +407,8 @@ class Engine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._timer is not None:
+            self._timer.close()
 
     def abort_all(self, reason: str) -> None:
         for seq in list(self.running) + [s for _, s in self._waiting if s.state == "waiting"]:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reference_server.llm.timings import RequestTimings
 
 
 class Sequence:
@@ -47,6 +51,7 @@ class Sequence:
         self.last_token_at: float | None = None
         self.prefix_hit_tokens = 0
         self.preemptions = 0
+        self.timings: RequestTimings | None = None  # with --record-timings
         self.event = asyncio.Event()
 
     @property

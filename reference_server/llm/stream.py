@@ -65,6 +65,8 @@ class StreamWriter:
         else:
             head = {"id": f"cmpl-{rid}", "object": "text_completion", **head}
         self.head = head
+        if seq.timings is not None:
+            seq.timings.id = head["id"]
         # a token's event is this prefix, the JSON string of its text, this suffix
         opening = json.dumps(head, separators=(",", ":"))[:-1]
         if req.chat:
@@ -145,6 +147,11 @@ class StreamWriter:
             data = self._role() + data
         self.sent += len(texts)
         await self._write(data)
+        if self.seq.timings is not None:  # the write was handed to the transport
+            step = self.per_event
+            self.seq.timings.written(
+                [min(step, len(texts) - i) for i in range(0, len(texts), step)]
+            )
 
     async def _stall(self) -> None:
         stall_s, self.stall_s = self.stall_s or 0.0, None
@@ -179,3 +186,6 @@ class StreamWriter:
         # "interrupted" (truncate-on-arrival): nothing but [DONE]
         out += b"data: [DONE]" + self.sep
         await self.send({"type": "http.response.body", "body": out, "more_body": False})
+        seq = self.seq
+        if seq.timings is not None:
+            seq.timings.finished(reason, len(seq.output), seq.preemptions)

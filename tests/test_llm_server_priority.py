@@ -1,0 +1,144 @@
+"""Priority preemption of running sequences (vLLM's priority scheduling): a waiting
+sequence that cannot start preempts, by recompute, running sequences of a lower priority,
+last-ranked first; the preempted ones resume with the same tokens. Stepped by hand on a
+fake clock, then once through the HTTP API on a real event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from reference_server.llm.api import LLMState
+from reference_server.llm.tokens import expected_completion, generate
+from tests.test_llm_server_api import chat, request, scrape, serve
+from tests.test_llm_server_engine import make, run_until_idle, seq, step
+
+
+def oracle(s: Any) -> list[str]:
+    return list(generate(s.prompt_ids, 0, s.max_tokens, ignore_eos=True).tokens)
+
+
+def test_a_higher_priority_sequence_preempts_the_lowest_when_no_slot_is_free() -> None:
+    engine, clock = make(max_num_seqs=2)
+    low = seq(salt=1, priority=5, max_tokens=20)
+    mid = seq(salt=2, priority=3, max_tokens=20)
+    engine.submit(low)
+    engine.submit(mid)
+    for _ in range(3):
+        step(engine, clock)
+    high = seq(salt=3, priority=0, max_tokens=4)
+    engine.submit(high)
+    first = step(engine, clock)
+    assert [s for s, _ in first.work] == [mid, high]  # low's decode left this step
+    assert len(high.output) == 1  # its whole prompt fit: first token at this step's end
+    assert low.state == "waiting" and (low.preemptions, mid.preemptions) == (1, 0)
+    assert engine.num_preemptions == 1
+    run_until_idle(engine, clock)
+    for s in (low, mid, high):  # the recomputed sequence loses and repeats nothing
+        assert s.output == oracle(s) and s.finish_reason == "length"
+    assert engine.kv.used_blocks == 0
+
+
+def test_a_higher_priority_sequence_preempts_when_the_kv_cache_is_full() -> None:
+    engine, clock = make(num_blocks=6, block_size=16)  # 96 tokens in all
+    low = seq(prompt_len=60, salt=1, priority=5, max_tokens=30)
+    engine.submit(low)
+    step(engine, clock)
+    high = seq(prompt_len=40, salt=2, priority=0, max_tokens=4)
+    engine.submit(high)  # needs 3 blocks, 2 are free; seq slots are plenty
+    step(engine, clock)
+    assert low.state == "waiting" and low.preemptions == 1 and len(high.output) == 1
+    run_until_idle(engine, clock)
+    assert low.output == oracle(low) and high.output == oracle(high)
+
+
+def test_the_same_priority_never_preempts() -> None:
+    engine, clock = make(max_num_seqs=1)
+    first = seq(salt=1, max_tokens=5)
+    engine.submit(first)
+    step(engine, clock)
+    later = seq(salt=2, max_tokens=5)
+    engine.submit(later)
+    while not first.finished:
+        step(engine, clock)
+        assert later.state == "waiting" or first.finished
+    assert engine.num_preemptions == 0
+
+
+def test_a_lower_priority_sequence_never_preempts() -> None:
+    engine, clock = make(max_num_seqs=1)
+    high = seq(salt=1, priority=0, max_tokens=5)
+    engine.submit(high)
+    step(engine, clock)
+    engine.submit(seq(salt=2, priority=9, max_tokens=5))
+    run_until_idle(engine, clock)
+    assert engine.num_preemptions == 0 and high.preemptions == 0
+
+
+def test_fault_priority_inversion_preempts_for_the_higher_value() -> None:
+    engine, clock = make(max_num_seqs=1, priority_inverted=True)
+    urgent = seq(salt=1, priority=-5, max_tokens=10)
+    engine.submit(urgent)
+    step(engine, clock)
+    engine.submit(seq(salt=2, priority=5, max_tokens=3))
+    step(engine, clock)
+    assert urgent.state == "waiting" and urgent.preemptions == 1
+
+
+def test_without_chunked_prefill_a_higher_priority_prompt_preempts_too() -> None:
+    engine, clock = make(max_num_seqs=1, chunked_prefill=False)
+    low = seq(salt=1, priority=5, max_tokens=10)
+    engine.submit(low)
+    step(engine, clock)
+    high = seq(salt=2, priority=0, max_tokens=2)
+    engine.submit(high)
+    step(engine, clock)
+    assert low.state == "waiting" and len(high.output) == 1
+    run_until_idle(engine, clock)
+    assert low.output == oracle(low)
+
+
+def test_over_http_a_high_priority_stream_starts_within_two_steps_of_a_full_batch() -> None:
+    low_doc = dict(max_tokens=40, ignore_eos=True, stream=True, priority=10)
+
+    async def scenario(app: Any, state: LLMState) -> None:
+        first = asyncio.create_task(
+            request(app, "POST", "/v1/chat/completions", chat("one", **low_doc))
+        )
+        await asyncio.sleep(0.002)  # "one" arrives first: "two" ranks last
+        second = asyncio.create_task(
+            request(app, "POST", "/v1/chat/completions", chat("two", **low_doc))
+        )
+        while len(state.engine.running) < 2 or not all(s.output for s in state.engine.running):
+            await asyncio.sleep(0.001)
+        t0 = time.monotonic()
+        high = await request(
+            app,
+            "POST",
+            "/v1/chat/completions",
+            chat("urgent", max_tokens=3, ignore_eos=True, stream=True, priority=-10),
+        )
+        one, two = await first, await second
+        high_first = high.token_times()[0]
+        # steps that ended between the arrival and the first token: the tokens "one"
+        # streamed meanwhile (it decodes every step and is never preempted)
+        assert sum(t0 < t <= high_first for t in one.token_times()) <= 2
+        high_last = high.token_times()[-1]
+        # "two" (last in rank) was preempted: nothing from it while "urgent" ran
+        assert sum(t0 < t <= high_last for t in two.token_times()) <= 1
+        assert sum(t0 < t <= high_last for t in one.token_times()) >= 3
+        for answer, content in ((one, "one"), (two, "two")):
+            want = expected_completion(
+                messages=[{"role": "user", "content": content}], max_tokens=40, ignore_eos=True
+            )
+            assert answer.content() == want.text
+        assert (
+            high.content()
+            == expected_completion(
+                messages=[{"role": "user", "content": "urgent"}], max_tokens=3, ignore_eos=True
+            ).text
+        )
+        assert scrape(state)["vllm:num_preemptions_total"] == 1
+
+    serve(scenario, time_scale=1.0, max_num_seqs=2)
