@@ -348,6 +348,16 @@ class Connection:
         self.sock = sock
         return sock
 
+    def ready_socket(self) -> Any:
+        """The connected socket: the kept-alive one while it is still alive, else a new
+        connection (TLS handshake included, under the connect timeout). Raises what
+        connecting raises (OSError, TLSFailed); the caller closes on any failure."""
+        sock = self.sock if self._alive() else None
+        if sock is None:
+            self.close()
+            sock = self._connect()
+        return sock
+
     def exchange(self, raw: bytes, timeout: float, method: str = "POST") -> tuple[int, bytes]:
         """Send ``raw`` and read one full answer → (status, body).
 

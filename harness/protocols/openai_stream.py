@@ -52,6 +52,8 @@ class ProblemCode(StrEnum):
 
     HTTP_ERROR = "http_error"  # the status is not 2xx
     TRANSPORT_ERROR = "transport_error"  # the connection failed (the caller says how)
+    DEADLINE = "deadline"  # the client's end-to-end deadline ended the stream
+    STALL = "stall"  # the client's stall timer ended the stream (no byte for too long)
     ERROR_IN_STREAM = "error_in_stream"  # an error object after the headers (under a 200)
     NO_FINISH_REASON = "no_finish_reason"  # the stream ended without a finish_reason
     TRUNCATED_AT_CLOSE = "truncated_at_close"  # the body ended inside an event
@@ -70,6 +72,8 @@ FAILURES = frozenset(
     {
         ProblemCode.HTTP_ERROR,
         ProblemCode.TRANSPORT_ERROR,
+        ProblemCode.DEADLINE,
+        ProblemCode.STALL,
         ProblemCode.ERROR_IN_STREAM,
         ProblemCode.NO_FINISH_REASON,
         ProblemCode.NO_TOKENS,
@@ -272,8 +276,10 @@ class StreamRecorder:
         if chunk.usage is not None:
             self.usage = chunk.usage
 
-    def finish(self, at: float, transport_error: str | None = None) -> StreamRecord:
-        """The body ended at ``at`` (or the connection failed: ``transport_error``)."""
+    def finish(self, at: float, transport_error: str | Problem | None = None) -> StreamRecord:
+        """The body ended at ``at`` (or the connection failed: ``transport_error``, a
+        sentence recorded as ``transport_error``, or a ``Problem`` recorded as given — a
+        client's deadline or stall timer)."""
         truncated = self.parser.close(at) if self.ok_status else None
         if truncated is not None:
             malformed = len(self.malformed)
@@ -314,7 +320,9 @@ class StreamRecorder:
     def _event_source(self) -> str:
         return "events" if self.count_tokens is None else "tokenizer"
 
-    def _problems(self, transport_error: str | None, ended_mid_event: bool) -> list[Problem]:
+    def _problems(
+        self, transport_error: str | Problem | None, ended_mid_event: bool
+    ) -> list[Problem]:
         out: list[Problem] = []
 
         def add(code: ProblemCode, detail: str) -> None:
@@ -324,7 +332,9 @@ class StreamRecorder:
             body = self._error_body.decode("utf-8", "replace")
             add(ProblemCode.HTTP_ERROR, f"HTTP {self.status}: {body[:200]}")
             return out
-        if transport_error is not None:
+        if isinstance(transport_error, Problem):
+            out.append(transport_error)
+        elif transport_error is not None:
             add(ProblemCode.TRANSPORT_ERROR, transport_error)
         for message in self.errors:
             add(ProblemCode.ERROR_IN_STREAM, f"an error object under HTTP 200: {message}")

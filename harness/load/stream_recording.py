@@ -1,0 +1,195 @@
+"""Token-stream statistics of a load run: HDR histograms per traffic class, exactly merged.
+
+``StreamStats.record(cls, record)`` takes one ``StreamRecord`` (one request) and keeps,
+per class, in the project's one histogram shape (``harness.results.hdr``, microseconds):
+
+- ``ttft``, ``tpot``, ``itl`` (inter-token latency **per event**: one value per gap
+  between consecutive token-bearing events), ``e2e`` and ``max_gap`` — of the requests
+  that did not fail (``StreamRecord.failed``), by the definitions of
+  ``harness.analysis.token_metrics`` (docs/llm-metrics.md); a request of one token has no
+  TPOT, gap or inter-token value;
+- ``e2e_failed``: the end-to-end time of every failed request;
+
+and counts requests, ``ok`` (not failed), ``failed``, ``cancelled`` (the user was
+stopped while its stream was out: no record), ``dropped`` (never sent: the in-flight cap
+was reached), prompt and output tokens (``tokens_in``, ``tokens_out``: of every recorded
+request, failed ones included — what the server read and delivered), streams
+``verified`` against an expected answer and how many of them were ``wrong``
+(``wrong_text``, ``wrong_finish_reason`` or ``usage_mismatch``), and goodput: the
+requests that conform to the SLO (``token_metrics.conforms``; with no bound given,
+every request that did not fail) and every problem code seen, one count per request.
+
+Workers ``drain()`` a JSON-able delta; the master ``merge()``s them: histograms are
+added, never their percentiles averaged, so the merged percentiles are those of all the
+values together. ``summary()`` is the JSON-able view (counts, p50/p90/p99/max in ms).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from harness.analysis import token_metrics
+from harness.analysis.token_metrics import SLO
+from harness.protocols.openai_stream import ProblemCode, StreamRecord
+from harness.results import hdr
+
+HISTOGRAMS = ("ttft", "tpot", "itl", "e2e", "max_gap", "e2e_failed")
+COUNTERS = (
+    "requests",
+    "ok",
+    "failed",
+    "cancelled",
+    "dropped",
+    "tokens_in",
+    "tokens_out",
+    "verified",
+    "wrong",
+    "conforming",
+)
+WRONG_ANSWER = frozenset(
+    {ProblemCode.WRONG_TEXT, ProblemCode.WRONG_FINISH_REASON, ProblemCode.USAGE_MISMATCH}
+)
+
+
+def _us(seconds: float) -> int:
+    return hdr.clamp_us(seconds * 1e6)
+
+
+class StreamCell:
+    """One class's counters, problem counts and histograms."""
+
+    __slots__ = ("counts", "problems", "hists")
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.problems: Counter[str] = Counter()
+        self.hists: dict[str, HdrHistogram] = {}
+
+    def hist(self, name: str) -> HdrHistogram:
+        h = self.hists.get(name)
+        if h is None:
+            h = self.hists[name] = hdr.new_histogram()
+        return h
+
+    def record(self, rec: StreamRecord, slo: SLO, verified: bool) -> None:
+        counts = self.counts
+        counts["requests"] += 1
+        counts["tokens_out"] += rec.output_tokens
+        counts["tokens_in"] += rec.prompt_tokens or 0
+        codes = rec.codes()
+        for code in codes:
+            self.problems[str(code)] += 1
+        if verified:
+            counts["verified"] += 1
+            if codes & WRONG_ANSWER:
+                counts["wrong"] += 1
+        if rec.failed:
+            counts["failed"] += 1
+            self.hist("e2e_failed").record_value(_us(rec.end_s))
+            return
+        counts["ok"] += 1
+        if token_metrics.conforms(rec, slo):
+            counts["conforming"] += 1
+        self.hist("e2e").record_value(_us(rec.end_s))
+        if rec.ttft_s is not None:
+            self.hist("ttft").record_value(_us(rec.ttft_s))
+        tpot = token_metrics.tpot_s(rec)
+        if tpot is not None:
+            self.hist("tpot").record_value(_us(tpot))
+        times = rec.token_times_s
+        if len(times) > 1:
+            itl = self.hist("itl")
+            longest = 0.0
+            for a, b in zip(times, times[1:], strict=False):
+                gap = b - a
+                itl.record_value(_us(gap))
+                if gap > longest:
+                    longest = gap
+            self.hist("max_gap").record_value(_us(longest))
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "c": dict(self.counts),
+            "p": dict(self.problems),
+            "h": {k: hdr.encode(h) for k, h in self.hists.items() if h.get_total_count()},
+        }
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        self.counts.update(data.get("c") or {})
+        self.problems.update(data.get("p") or {})
+        for name, text in (data.get("h") or {}).items():
+            if text:
+                self.hist(name).add(hdr.decode(text))
+
+    def add_cell(self, other: StreamCell) -> None:
+        self.counts.update(other.counts)
+        self.problems.update(other.problems)
+        for name, h in other.hists.items():
+            if h.get_total_count():
+                self.hist(name).add(h)
+
+    def summary(self) -> dict[str, Any]:
+        counts = {k: int(self.counts.get(k, 0)) for k in COUNTERS}
+        out: dict[str, Any] = dict(counts)
+        out["goodput"] = {
+            "conforming": counts["conforming"],
+            "not_conforming": counts["requests"] - counts["conforming"],
+            "by_problem": dict(sorted(self.problems.items())),
+        }
+        for name in HISTOGRAMS:
+            h = self.hists.get(name) or hdr.new_histogram()
+            out[f"{name}_ms"] = {"count": int(h.get_total_count()), **hdr.summary_ms(h)}
+        return out
+
+
+class StreamStats:
+    """The stream statistics of one process (a worker), or the merge of many (master).
+
+    ``slo``: the bounds a request must meet to count as conforming (default: none)."""
+
+    def __init__(self, slo: SLO | None = None) -> None:
+        self.slo = slo or SLO()
+        self.cells: dict[str, StreamCell] = {}
+
+    def cell(self, cls: str) -> StreamCell:
+        cell = self.cells.get(cls)
+        if cell is None:
+            cell = self.cells[cls] = StreamCell()
+        return cell
+
+    def record(self, cls: str, rec: StreamRecord, verified: bool = False) -> None:
+        """One stream of class ``cls``; ``verified``: it was checked against an expected
+        answer (its recorder had one)."""
+        self.cell(cls).record(rec, self.slo, verified)
+
+    def cancelled(self, cls: str) -> None:
+        self.cell(cls).counts["cancelled"] += 1
+
+    def dropped(self, cls: str) -> None:
+        self.cell(cls).counts["dropped"] += 1
+
+    def drain(self) -> dict[str, Any]:
+        """Everything recorded since the last drain, JSON-able; resets it."""
+        delta = {cls: cell.encode() for cls, cell in self.cells.items()}
+        self.cells = {}
+        return delta
+
+    def merge(self, delta: Mapping[str, Any]) -> None:
+        """Add a ``drain()`` delta (from this process or a worker)."""
+        for cls, data in delta.items():
+            self.cell(cls).add(data)
+
+    def summary(self) -> dict[str, Any]:
+        """Per class and ``total`` (every class added): counts, tokens, goodput and each
+        histogram's count, p50/p90/p99 and max in ms (nearest rank, ``hdr.summary_ms``)."""
+        total = StreamCell()
+        for cell in self.cells.values():
+            total.add_cell(cell)
+        return {
+            "classes": {cls: cell.summary() for cls, cell in sorted(self.cells.items())},
+            "total": total.summary(),
+        }
