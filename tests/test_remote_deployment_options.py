@@ -314,18 +314,46 @@ def test_tls_failure_during_load_is_a_connection_error(certs):
 def test_cli_refuses_bad_deployment_options_in_one_line(capsys, certs, tmp_path):
     srv = Recorder(tls=certs)
     try:
-        base = ["run", "steady_state", "--out", str(tmp_path / "o")]
-        cases = (
-            ([*base, "--target", srv.url, "--header", "NoColon s3cret"], "has no ':'"),
-            ([*base, "--target", srv.url, "--ca-cert", str(tmp_path / "x.pem")], "no such file"),
-            ([*base, "--target", srv.url], "pass --ca-cert FILE"),
-        )
-        for argv, why in cases:
-            assert cli.main(argv) == 2
-            err = capsys.readouterr().err.strip()
-            assert why in err and "s3cret" not in err and len(err.splitlines()) == 1, err
+        for base in (
+            ["run", "steady_state", "--out", str(tmp_path / "o")],
+            ["peak", "--slo-p99-ms", "100", "--out", str(tmp_path / "p")],
+        ):
+            _refuses_bad_deployment_options(base, srv, capsys, tmp_path)
+        assert not (tmp_path / "p").exists()  # peak refused before anything was written
     finally:
         srv.stop()
+
+
+def test_peak_points_go_out_with_the_deployment_options(certs):
+    from harness.acceptance.plan import deployment_of
+    from harness.peak.runner import target_for
+
+    deployment = deployment_of([f"Authorization: {SECRET}"], str(certs["ca"]), False, None)
+    with target_for(
+        sut_cmd=None,
+        url="https://10.0.0.5:8443",
+        sut_pid=None,
+        sut_cores=None,
+        model="m",
+        log_path=Path("unused.log"),
+        deployment=deployment,
+    ) as (settings, _gone, _desc):
+        t = settings.target
+    assert t.headers == (f"Authorization: {SECRET}",)
+    assert t.ca_cert == str(certs["ca"])
+    assert SECRET not in " ".join(t.locust_args())  # the header goes by the environment
+
+
+def _refuses_bad_deployment_options(base, srv, capsys, tmp_path):
+    cases = (
+        ([*base, "--target", srv.url, "--header", "NoColon s3cret"], "has no ':'"),
+        ([*base, "--target", srv.url, "--ca-cert", str(tmp_path / "x.pem")], "no such file"),
+        ([*base, "--target", srv.url], "pass --ca-cert FILE"),
+    )
+    for argv, why in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert why in err and "s3cret" not in err and len(err.splitlines()) == 1, err
 
 
 def test_acceptance_forwards_headers_in_the_environment_not_argv(certs):

@@ -113,11 +113,6 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         raise ConfigError("--sut-pid needs --target URL (the server's address)")
     if r.retry_invalid < 0:
         raise ConfigError(f"--retry-invalid has value {r.retry_invalid}; expected 0 or more")
-    if r.agent_url is not None and r.url is None:
-        raise ConfigError(
-            "--agent needs --target URL (the server's address; its pid on the agent's host "
-            "is --sut-pid, or none when the agent started it with --sut-cmd)"
-        )
     sut_cmd = r.sut_cmd
     if sut_cmd is None and r.url is None:
         sut_cmd = default_sut_cmd()
@@ -127,8 +122,8 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         sut_pid=r.sut_pid,
         model=r.model,
         protocol=r.protocol,
-        **_deployment(r),
-        **_agent(r),
+        **deployment_of(r.headers, r.ca_cert, r.insecure, r.metrics_url),
+        **agent_of(r.agent_url, r.agent_token, r.url, r.sut_pid),
     )
     from harness.checks.registry import validate_allow_skip
 
@@ -219,12 +214,14 @@ class _DeploymentOptions:
     metrics_url: str | None
 
 
-def _deployment(r: PlanRequest) -> dict[str, Any]:
-    """--header/--ca-cert/--insecure/--metrics-url validated the way the Locust plugin
-    validates them (one ConfigError naming the fix, before anything starts)."""
+def deployment_of(
+    headers: Sequence[str] | None, ca_cert: str | None, insecure: bool, metrics_url: str | None
+) -> dict[str, Any]:
+    """--header/--ca-cert/--insecure/--metrics-url as ``Target`` takes them, validated the
+    way the Locust plugin validates them (one ConfigError naming the fix, before anything
+    starts); ``headers`` None: $HARNESS_HEADER, one header or a JSON list."""
     from harness.load.options import deployment_options
 
-    headers: Sequence[str] | None = r.headers
     if headers is None and os.environ.get("HARNESS_HEADER"):
         raw = os.environ["HARNESS_HEADER"]
         try:
@@ -237,23 +234,31 @@ def _deployment(r: PlanRequest) -> dict[str, Any]:
     return deployment_options(
         _DeploymentOptions(
             harness_header=list(headers) if headers is not None else None,
-            ca_cert=r.ca_cert,
-            insecure=r.insecure,
-            metrics_url=r.metrics_url,
+            ca_cert=ca_cert,
+            insecure=insecure,
+            metrics_url=metrics_url,
         )
     )
 
 
-def _agent(r: PlanRequest) -> dict[str, Any]:
-    """--agent/--agent-token: the agent answers, the token is right and the pid runs on
-    its host, checked now (exit 2 naming the fix) rather than after the first server start."""
-    if r.agent_url is None:
+def agent_of(
+    agent_url: str | None, agent_token: str | None, url: str | None, sut_pid: int | None
+) -> dict[str, Any]:
+    """--agent/--agent-token as ``Target`` takes them: the agent answers, the token is right
+    and the pid runs on its host, checked now (exit 2 naming the fix) rather than after the
+    first server start. ``agent_token`` None: $HARNESS_AGENT_TOKEN."""
+    if agent_url is None:
         return {}
+    if url is None:
+        raise ConfigError(
+            "--agent needs --target URL (the server's address; its pid on the agent's host "
+            "is --sut-pid, or none when the agent started it with --sut-cmd)"
+        )
     from harness.agent.client import AgentClient, RemoteSut
 
-    token = r.agent_token or os.environ.get("HARNESS_AGENT_TOKEN")
-    RemoteSut(AgentClient(r.agent_url, token), r.sut_pid)
-    return {"agent_url": r.agent_url, "agent_token": token}
+    token = agent_token or os.environ.get("HARNESS_AGENT_TOKEN")
+    RemoteSut(AgentClient(agent_url, token), sut_pid)
+    return {"agent_url": agent_url, "agent_token": token}
 
 
 def resolve_scenarios(names: Sequence[str]) -> tuple[str, ...]:

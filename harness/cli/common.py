@@ -76,6 +76,50 @@ def add_sut_pid(g: argparse._ActionsContainer) -> None:
     )
 
 
+def add_deployment_options(g: argparse._ActionsContainer) -> None:
+    """How requests reach a deployed server (headers, TLS, its metrics, the agent on its
+    host): the same options, with the same meaning, on every command that sends load."""
+    g.add_argument(
+        "--header",
+        action="append",
+        default=None,
+        metavar="NAME:VALUE",
+        help="send this header with every request, e.g. 'Authorization: Bearer TOKEN' or "
+        "'Host: model.example.com' (repeatable; default: $HARNESS_HEADER, one header or a "
+        "JSON list). Results record the names only",
+    )
+    g.add_argument(
+        "--ca-cert",
+        default=None,
+        metavar="FILE",
+        help="https:// target: trust the CA in this PEM file (default: the system's CAs)",
+    )
+    g.add_argument(
+        "--insecure", action="store_true", help="https:// target: do not verify its certificate"
+    )
+    g.add_argument(
+        "--metrics-url",
+        default=None,
+        metavar="URL",
+        help="the server's Prometheus metrics when not at TARGET/metrics, e.g. "
+        "http://HOST:8002/metrics (Triton)",
+    )
+    g.add_argument(
+        "--agent",
+        default=None,
+        metavar="URL",
+        help="the server runs on another host: sample it and apply chaos through the "
+        "`harness agent` there (needs --target and --sut-pid, its pid on that host)",
+    )
+    g.add_argument(
+        "--agent-token",
+        default=None,
+        metavar="TOKEN",
+        help="the agent's --token (default: $HARNESS_AGENT_TOKEN; the environment keeps it "
+        "out of `ps`)",
+    )
+
+
 def add_sut_cores(g: argparse._ActionsContainer) -> None:
     g.add_argument(
         "--sut-cores", default=None, help="cores for a server the harness starts, e.g. 1 or 0-1"

@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.cli.common import (
     Subparsers,
+    add_deployment_options,
     add_locust_arg,
     add_model,
     add_protocol,
@@ -150,6 +151,7 @@ def add_peak(sub: Subparsers) -> None:
     add_sut_cores(p)
     add_model(p)
     add_protocol(p)
+    add_deployment_options(p)
     p.add_argument("--out", default="harness-results/peak", help="output directory")
     # 3: at 4 the edge on a shared 2-core box is mixed often enough that one run
     # of two spent its 30-point budget before the repeats held (interval 44 % wide)
@@ -178,7 +180,9 @@ def add_peak(sub: Subparsers) -> None:
 
 
 def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
-    from harness.locust_run import check_target_url
+    from harness.acceptance.plan import agent_of, deployment_of
+    from harness.load.preflight import check_transport
+    from harness.locust_run import Target, check_target_url
 
     check_attach(args.target, args.sut_pid)
     if args.target is not None:
@@ -187,6 +191,12 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
     sut_cmd = args.sut_cmd
     if sut_cmd is None and args.target is None:
         sut_cmd = f"{shlex.quote(sys.executable)} -m reference_server --port {{port}}"
+    deployment = {
+        **deployment_of(args.header, args.ca_cert, args.insecure, args.metrics_url),
+        **agent_of(args.agent, args.agent_token, args.target, args.sut_pid),
+    }
+    if args.target is not None:  # https: one handshake now, or exit 2 naming --ca-cert
+        check_transport(args.target, Target(url=args.target, **deployment).client())
     return {
         "sut_cmd": sut_cmd,
         "url": args.target,
@@ -195,6 +205,7 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "protocol": args.protocol,
         "extra_args": tuple(args.locust_arg),
+        "deployment": deployment,
     }
 
 

@@ -13,6 +13,7 @@ from harness.cli.common import (
     SUT_CMD_HELP,
     Subparsers,
     add_checklist,
+    add_deployment_options,
     add_locust_arg,
     add_model,
     add_protocol,
@@ -38,45 +39,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     add_model(g)
     add_protocol(g)
     add_sut_cores(g)
-    g.add_argument(
-        "--header",
-        action="append",
-        default=None,
-        metavar="NAME:VALUE",
-        help="send this header with every request, e.g. 'Authorization: Bearer TOKEN' or "
-        "'Host: model.example.com' (repeatable; default: $HARNESS_HEADER, one header or a "
-        "JSON list). Results record the names only",
-    )
-    g.add_argument(
-        "--ca-cert",
-        default=None,
-        metavar="FILE",
-        help="https:// target: trust the CA in this PEM file (default: the system's CAs)",
-    )
-    g.add_argument(
-        "--insecure", action="store_true", help="https:// target: do not verify its certificate"
-    )
-    g.add_argument(
-        "--metrics-url",
-        default=None,
-        metavar="URL",
-        help="the server's Prometheus metrics when not at TARGET/metrics, e.g. "
-        "http://HOST:8002/metrics (Triton)",
-    )
-    g.add_argument(
-        "--agent",
-        default=None,
-        metavar="URL",
-        help="the server runs on another host: sample it and apply chaos through the "
-        "`harness agent` there (needs --target and --sut-pid, its pid on that host)",
-    )
-    g.add_argument(
-        "--agent-token",
-        default=None,
-        metavar="TOKEN",
-        help="the agent's --token (default: $HARNESS_AGENT_TOKEN; the environment keeps it "
-        "out of `ps`)",
-    )
+    add_deployment_options(g)
     p.add_argument("--out", default=None, help="output directory (default: harness-results/NAME)")
     add_checklist(p)
     p.add_argument(

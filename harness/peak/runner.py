@@ -232,10 +232,14 @@ def target_for(
     log_path: Path,
     extra_args: tuple[str, ...] = (),
     protocol: str | None = None,
+    deployment: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[RunSettings, Callable[[], str | None], dict[str, Any]]]:
     """The server the points go to, started here (kept between points) or the user's:
     (where the points go, ``gone`` — None while the server runs, else how it ended; always
-    None for the user's server, whose death a point's run records — and its description)."""
+    None for the user's server, whose death a point's run records — and its description).
+    ``deployment``: the ``Target`` fields of --header, --ca-cert, --insecure,
+    --metrics-url and --agent (``harness.acceptance.plan.deployment_of`` / ``agent_of``)."""
+    deployment = deployment or {}
     if sut_cmd is not None:
         check_sut_cmd(sut_cmd)
         from harness.locust_run import core_split
@@ -247,14 +251,16 @@ def target_for(
         ) as server:
             desc = {**server.proc.describe(), "time_to_ready_s": server.time_to_ready_s}
             loadgen = split[1] if split is not None else None
-            where = Target(url=server.url, sut_pid=server.pid, model=model, protocol=protocol)
+            where = Target(
+                url=server.url, sut_pid=server.pid, model=model, protocol=protocol, **deployment
+            )
             points = RunSettings(target=where, extra_args=extra_args, loadgen_cores=loadgen)
             yield points, server.gone, desc
         return
     assert url is not None
     yield (
         RunSettings(
-            target=Target(url=url, sut_pid=sut_pid, model=model, protocol=protocol),
+            target=Target(url=url, sut_pid=sut_pid, model=model, protocol=protocol, **deployment),
             extra_args=extra_args,
         ),
         lambda: None,  # not ours to watch: a point's run records a server that died
@@ -273,6 +279,7 @@ def run_peak(
     model: str | None,
     extra_args: tuple[str, ...] = (),
     protocol: str | None = None,
+    deployment: Mapping[str, Any] | None = None,
     show: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], ExitCode]:
     """The whole of ``harness peak``: the search (or ``cfg.searches`` of them), its
@@ -292,6 +299,7 @@ def run_peak(
         "model": model,
         "protocol": protocol,
         "extra_args": extra_args,
+        "deployment": deployment or {},
     }
     show(
         f"peak: SLO p99 <= {cfg.slo_p99_ms:g} ms over all requests, errors <= "
