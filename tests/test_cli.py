@@ -94,6 +94,30 @@ def test_locust_spellings_mean_the_same_as_the_harness_ones():
     assert parser.parse_args(["sample", "--pid", "7", "--out", "o"]).pid == 7
 
 
+def test_everyday_load_options_reach_every_locust_run_of_run_and_acceptance():
+    from harness.cli import build_parser
+    from harness.cli.run import plan_request
+
+    parser = build_parser()
+    for command in (["run", "steady_state"], ["acceptance"]):
+        args = parser.parse_args(
+            [*command, "--seed", "7", "--capacity-rps", "450", "--request-timeout", "2.5"]
+            + ["--locust-arg=--calibrate-s=9"]
+        )
+        req = plan_request(args, ("steady_state",), "out")
+        assert req.locust_args == (
+            "--seed",
+            "7",
+            "--capacity-rps",
+            "450",
+            "--request-timeout",
+            "2.5",
+            "--locust-arg=--calibrate-s=9"[len("--locust-arg=") :],
+        ), command
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "steady_state", "--seed", "x"])  # the plugin's type
+
+
 def test_locust_options_lists_every_plugin_option_with_its_environment_variable():
     import configargparse
 

@@ -158,6 +158,49 @@ def add_locust_arg(p: argparse._ActionsContainer, each: str, example: str = "") 
     )
 
 
+# The Locust plugin's everyday load options that run and acceptance take as their own:
+# declared once, in the plugin (harness.load.options), copied from there with their type
+# and help, and handed to every Locust run of the command.
+FORWARDED_LOAD_OPTIONS = (
+    "--seed",
+    "--capacity-rps",
+    "--request-timeout",
+    "--closed-loop",
+    "--max-in-flight",
+)
+
+
+def add_forwarded_load_options(p: argparse._ActionsContainer) -> None:
+    """The plugin's ``FORWARDED_LOAD_OPTIONS``, declared as the plugin declares them."""
+    import configargparse
+
+    from harness.load.options import add_options
+
+    plugin = configargparse.ArgumentParser(add_help=False)
+    add_options(plugin)
+    by_flag = {a.option_strings[0]: a for a in plugin._actions if a.option_strings}
+    for flag in FORWARDED_LOAD_OPTIONS:
+        a = by_flag[flag]
+        p.add_argument(
+            flag,
+            dest="forward_" + a.dest,
+            type=a.type,
+            default=None,
+            metavar=a.metavar or a.dest.upper(),
+            help=a.help,
+        )
+
+
+def forwarded_load_args(args: argparse.Namespace) -> list[str]:
+    """The forwarded options given, as Locust arguments."""
+    out: list[str] = []
+    for flag in FORWARDED_LOAD_OPTIONS:
+        value = getattr(args, "forward_" + flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
 SUT_CMD_HELP = (
     "start this server; {port} (and {threads}) are filled in, e.g. "
     '"tritonserver --model-repository /models --http-port {port}"'

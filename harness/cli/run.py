@@ -14,12 +14,14 @@ from harness.cli.common import (
     Subparsers,
     add_checklist,
     add_deployment_options,
+    add_forwarded_load_options,
     add_locust_arg,
     add_model,
     add_protocol,
     add_sut_cores,
     add_sut_pid,
     add_target_url,
+    forwarded_load_args,
     positive_float,
     to_stderr,
 )
@@ -81,7 +83,8 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         help="the pre-release variant (1 h soak, longer stages)",
     )
     p.set_defaults(mode="quick")
-    add_locust_arg(p, "scenario's", ", e.g. --locust-arg=--capacity-rps=400")
+    add_forwarded_load_options(p)
+    add_locust_arg(p, "scenario's", ", e.g. --locust-arg=--calibrate-s=10")
     p.add_argument(
         "--capacity",
         choices=("probe", "peak"),
@@ -193,7 +196,7 @@ def plan_request(
         inputs=tuple(args.input),
         sample_request=args.sample_request,
         allow_skip=tuple(args.allow_skip),
-        locust_args=tuple(args.locust_arg),
+        locust_args=(*forwarded_load_args(args), *tuple(args.locust_arg)),
         capacity=args.capacity,
         capacity_slo_p99_ms=args.capacity_slo_p99_ms,
         retry_invalid=args.retry_invalid,

@@ -167,6 +167,7 @@ def add_options(parser: Any) -> None:
         type=int,
         default=None,
         env_var="HARNESS_SEED",
+        metavar="N",
         help="override the scenario's seed (arrivals, payloads)",
     )
     g.add_argument(
@@ -174,6 +175,7 @@ def add_options(parser: Any) -> None:
         type=int,
         default=None,
         env_var="HARNESS_MAX_IN_FLIGHT",
+        metavar="N",
         help="open loop: in-flight cap over all workers; beyond it requests are dropped",
     )
     g.add_argument(
@@ -188,6 +190,7 @@ def add_options(parser: Any) -> None:
         type=float,
         default=None,
         env_var="HARNESS_CAPACITY_RPS",
+        metavar="RPS",
         help="known capacity in req/s (skips the probe)",
     )
     g.add_argument(
@@ -195,6 +198,7 @@ def add_options(parser: Any) -> None:
         type=float,
         default=None,
         env_var="HARNESS_REQUEST_TIMEOUT",
+        metavar="SECONDS",
         help="client deadline per request in seconds (default: the scenario's)",
     )
     g.add_argument(
@@ -298,10 +302,9 @@ def add_options(parser: Any) -> None:
         "server process (same pid and start time, URL, model and inputs); any other server "
         "gets them fetched anew (harness peak and tune pass one per search)",
     )
-    # Locust's start form shows an option only when it carries include_in_web_ui (its
-    # parser's own add_argument sets it; a group's does not). Not shown: --quick/--full
-    # (--mode's shorthands; the form shows --mode's choices) and --header (its values are
-    # credentials: the form would print them into the page; they stay command-line only).
+    # Locust's start form shows an option only when it carries include_in_web_ui (a group's
+    # add_argument does not set it). Not shown: --quick/--full (--mode's shorthands) and
+    # --header (credentials: the form would print them into the page).
     for action in g._group_actions:
         action.include_in_web_ui = action.option_strings[0] not in WEB_FORM_HIDDEN
         HARNESS_DESTS.add(action.dest)
