@@ -6,7 +6,8 @@ harness's sampler must not get): ``.ci/run`` makes it and exports
 ``HARNESS_KSERVE_PYTHON``. One server start for the module, attached to by pid
 (``--target URL --sut-pid PID --model numpy-mlp``: its ``GET /v2`` names no model), and
 three short ``harness run``s whose verdicts are pinned here and explained in
-docs/servers.md.
+docs/servers.md. The first run's probed capacity is pinned for the runs after it on the
+same server (``--capacity-rps``): one capacity probe for the module, not three.
 """
 
 from __future__ import annotations
@@ -75,7 +76,14 @@ def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
         stop(proc)
 
 
+# the capacity the module's first run probed (on the module's one server), pinned for the
+# runs after it
+_PINNED: dict[str, float] = {}
+
+
 def _run(scenario: str, url: str, pid: int, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    if "capacity" in _PINNED:
+        extra = (*extra, f"--locust-arg=--capacity-rps={_PINNED['capacity']:.1f}")
     proc = subprocess.run(
         [
             sys.executable, "-m", "harness", "run", scenario, "--quick",
@@ -85,7 +93,11 @@ def _run(scenario: str, url: str, pid: int, out: Path, *extra: str) -> tuple[int
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert (out / "results.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.returncode, json.loads((out / "results.json").read_text())
+    doc = json.loads((out / "results.json").read_text())
+    sc = doc["scenarios"][0]
+    if sc.get("calibration") and sc.get("capacity_rps") and sc["verdict"] != "invalid":
+        _PINNED.setdefault("capacity", float(sc["capacity_rps"]))
+    return proc.returncode, doc
 
 
 def _checks(doc: dict[str, Any]) -> dict[str, bool | None]:
