@@ -211,9 +211,11 @@ def test_a_headless_run_with_t_lasts_that_long(tmp_path: Path) -> None:
     server = (
         f"{sys.executable} -m reference_server --model mlp --port {{port}} --workers {{threads}}"
     )
+    # the capacity pinned (the reference MLP calibrates at 520-680 req/s): -t is what this
+    # proves, not the probe, which would add ~6 s before the stages
     proc = run_locust(
         "-t", "6s", "--scenario", "integrity", "--quick", "--out", str(tmp_path),
-        "--sut-cmd", server,
+        "--sut-cmd", server, "--capacity-rps", "300",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     sc = scenario_result(tmp_path)
