@@ -211,7 +211,7 @@ def test_a_scenario_runs_and_is_judged_over_a_toy_protocol(tmp_path: Path) -> No
                 sys.executable, "-m", "harness", "run", "steady_state", "--quick",
                 "--target", url, "--out", str(out), "--checklist", str(MECHANICS_CHECKLIST),
                 "--protocol", f"{__name__}:EchoProtocol",
-                "--locust-arg=--duration=10",
+                "--locust-arg=--duration=5",
             ],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
