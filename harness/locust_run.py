@@ -82,6 +82,7 @@ class Target:
     # the server on another host: sampler and chaos through `harness agent`
     agent_url: str | None = None
     agent_token: str | None = field(default=None, repr=False)  # a secret: environment only
+    agent_ca_cert: str | None = None  # an https agent's CA (environment: HARNESS_AGENT_CA_CERT)
 
     def __post_init__(self) -> None:
         if (self.sut_cmd is None) == (self.url is None):
@@ -125,6 +126,8 @@ class Target:
         env = {"HARNESS_HEADER": json.dumps(list(self.headers))} if self.headers else {}
         if self.agent_token:
             env["HARNESS_AGENT_TOKEN"] = self.agent_token
+        if self.agent_ca_cert:
+            env["HARNESS_AGENT_CA_CERT"] = self.agent_ca_cert
         return env
 
     def client(self) -> Any:

@@ -29,6 +29,7 @@ from harness.agent.server import Agent, AgentConfig, make_server
 from harness.chaos.base import proc_state
 from harness.chaos.timeline import Timeline
 from harness.errors import ConfigError
+from harness.testing.tls import make_certs, needs_openssl
 
 TOKEN = "s3cret-token"
 
@@ -595,4 +596,40 @@ def test_agent_a_revert_under_way_is_waited_for_not_missed(tmp_path, server_proc
         assert got["detail"] == {"applied": True, "reverted": True, "interrupted": "lease"}
     finally:
         release.set()
+        stop()
+
+
+# -- beyond loopback: HTTPS, or plain HTTP only when asked -------------------------------------
+
+
+def test_an_agent_other_hosts_reach_needs_tls_or_says_plain_http(tmp_path):
+    with pytest.raises(ConfigError, match="--tls-cert FILE --tls-key FILE.*--plain-http"):
+        AgentConfig(token=TOKEN, bind="0.0.0.0").validate()
+    AgentConfig(token=TOKEN, bind="0.0.0.0", plain_http=True).validate()
+    AgentConfig(token=TOKEN, bind="::1").validate()  # loopback: no one else reaches it
+    with pytest.raises(ConfigError, match="go together"):
+        AgentConfig(token=TOKEN, bind="0.0.0.0", tls_cert="c.pem").validate()
+    with pytest.raises(ConfigError, match="no such file"):
+        AgentConfig(
+            token=TOKEN, tls_cert=str(tmp_path / "c"), tls_key=str(tmp_path / "k")
+        ).validate()
+
+
+@needs_openssl
+def test_an_https_agent_answers_a_master_that_trusts_its_ca_only(tmp_path, monkeypatch):
+    certs = make_certs(tmp_path / "pki")
+    running, stop = _start(tmp_path, tls_cert=str(certs["cert"]), tls_key=str(certs["key"]))
+    url = running.url.replace("http://", "https://")
+    try:
+        monkeypatch.delenv("HARNESS_AGENT_CA_CERT", raising=False)
+        with pytest.raises(ConfigError, match="TLS handshake with agent .*--agent-ca-cert"):
+            AgentClient(url, TOKEN).call("GET", "info")
+        assert AgentClient(url, TOKEN, ca_cert=str(certs["ca"])).call("GET", "info")["netns"]
+        monkeypatch.setenv("HARNESS_AGENT_CA_CERT", str(certs["ca"]))  # as Locust gets it
+        assert AgentClient(url, TOKEN).call("GET", "info")["allow"] == list(running.agent.config.allow)
+        # a plain-HTTP client on the HTTPS port is dropped, and the agent serves on
+        with pytest.raises(ConfigError, match="unreachable"):
+            AgentClient(running.url, TOKEN, timeout_s=5).call("GET", "info")
+        assert AgentClient(url, TOKEN).call("GET", "info")["allow"] == list(running.agent.config.allow)
+    finally:
         stop()

@@ -94,6 +94,7 @@ class PlanRequest:
     metrics_url: str | None = None
     agent_url: str | None = None
     agent_token: str | None = None  # None: $HARNESS_AGENT_TOKEN
+    agent_ca_cert: str | None = None  # None: $HARNESS_AGENT_CA_CERT
     # the runs
     checklist: Path | None = None
     inputs: tuple[str, ...] = ()
@@ -123,7 +124,7 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         model=r.model,
         protocol=r.protocol,
         **deployment_of(r.headers, r.ca_cert, r.insecure, r.metrics_url),
-        **agent_of(r.agent_url, r.agent_token, r.url, r.sut_pid),
+        **agent_of(r.agent_url, r.agent_token, r.url, r.sut_pid, r.agent_ca_cert),
     )
     from harness.checks.registry import validate_allow_skip
 
@@ -242,11 +243,16 @@ def deployment_of(
 
 
 def agent_of(
-    agent_url: str | None, agent_token: str | None, url: str | None, sut_pid: int | None
+    agent_url: str | None,
+    agent_token: str | None,
+    url: str | None,
+    sut_pid: int | None,
+    ca_cert: str | None = None,
 ) -> dict[str, Any]:
-    """--agent/--agent-token as ``Target`` takes them: the agent answers, the token is right
-    and the pid runs on its host, checked now (exit 2 naming the fix) rather than after the
-    first server start. ``agent_token`` None: $HARNESS_AGENT_TOKEN."""
+    """--agent/--agent-token/--agent-ca-cert as ``Target`` takes them: the agent answers
+    (its certificate verifies, for https), the token is right and the pid runs on its host,
+    checked now (exit 2 naming the fix) rather than after the first server start.
+    ``agent_token`` None: $HARNESS_AGENT_TOKEN; ``ca_cert`` None: $HARNESS_AGENT_CA_CERT."""
     if agent_url is None:
         return {}
     if url is None:
@@ -257,8 +263,9 @@ def agent_of(
     from harness.agent.client import AgentClient, RemoteSut
 
     token = agent_token or os.environ.get("HARNESS_AGENT_TOKEN")
-    RemoteSut(AgentClient(agent_url, token), sut_pid)
-    return {"agent_url": agent_url, "agent_token": token}
+    ca_cert = ca_cert or os.environ.get("HARNESS_AGENT_CA_CERT") or None
+    RemoteSut(AgentClient(agent_url, token, ca_cert=ca_cert), sut_pid)
+    return {"agent_url": agent_url, "agent_token": token, "agent_ca_cert": ca_cert}
 
 
 def resolve_scenarios(names: Sequence[str]) -> tuple[str, ...]:

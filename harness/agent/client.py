@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -67,7 +68,11 @@ def clock_offset(probes: Iterable[tuple[float, float, float]]) -> tuple[float, f
 class AgentClient:
     """JSON over HTTP with the bearer token; errors become one-line ``HarnessError``s."""
 
-    def __init__(self, url: str, token: str | None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout_s: float = 10.0, ca_cert: str | None = None
+    ) -> None:
+        """``ca_cert`` (default: $HARNESS_AGENT_CA_CERT, else the system's CAs): the CA
+        that signed an ``https://`` agent's certificate."""
         if not url.startswith(("http://", "https://")):
             raise ConfigError(
                 f"--agent has value {url!r}; expected the agent's URL such as http://10.0.0.5:8765"
@@ -80,6 +85,15 @@ class AgentClient:
         self.url = url.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
+        self._tls: ssl.SSLContext | None = None
+        if url.startswith("https://"):
+            ca_cert = ca_cert or os.environ.get("HARNESS_AGENT_CA_CERT") or None
+            try:
+                self._tls = ssl.create_default_context(cafile=ca_cert)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"--agent-ca-cert has value {ca_cert!r}: not a readable PEM CA file ({exc})"
+                ) from None
 
     def call(
         self,
@@ -97,7 +111,9 @@ class AgentClient:
             headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
+            with urllib.request.urlopen(
+                req, timeout=timeout_s or self.timeout_s, context=self._tls
+            ) as resp:
                 payload = resp.read()
         except urllib.error.HTTPError as exc:
             try:
@@ -111,6 +127,12 @@ class AgentClient:
             raise TargetUnavailable(f"agent {self.url} failed: HTTP {exc.code} {msg}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLError):
+                raise ConfigError(
+                    f"TLS handshake with agent {self.url} failed ({reason}); pass "
+                    "--agent-ca-cert FILE (or $HARNESS_AGENT_CA_CERT) with the CA that signed "
+                    "the agent's --tls-cert"
+                ) from None
             raise ConfigError(
                 f"agent {self.url} is unreachable ({reason}); start `harness agent --bind "
                 "ADDR --port PORT --token TOKEN` on the server's host or fix --agent"

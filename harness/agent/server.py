@@ -11,6 +11,7 @@ import atexit
 import hmac
 import json
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -155,9 +156,43 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
 
+class _TLSServer(ThreadingHTTPServer):
+    """HTTPS: each accepted connection does its TLS handshake in its own request thread
+    (bounded by ``HANDSHAKE_TIMEOUT_S``), so a client that stalls mid-handshake holds up
+    no one else."""
+
+    context: ssl.SSLContext
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            tls = self.context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return  # not TLS, a bad certificate on the other side, or too slow: dropped
+        tls.settimeout(None)
+        super().finish_request(tls, client_address)
+
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
 def make_server(agent: Agent) -> ThreadingHTTPServer:
+    """The agent's HTTP server, HTTPS when the config has a certificate."""
     handler = type("AgentHandler", (Handler,), {"agent": agent})
-    httpd = ThreadingHTTPServer((agent.config.bind, agent.config.port), handler)
+    c = agent.config
+    if c.tls_cert is None:
+        httpd = ThreadingHTTPServer((c.bind, c.port), handler)
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(c.tls_cert, c.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"--tls-cert {c.tls_cert} / --tls-key {c.tls_key}: not a certificate chain "
+                f"and its key in PEM ({exc})"
+            ) from None
+        httpd = _TLSServer((c.bind, c.port), handler)
+        httpd.context = context
     httpd.daemon_threads = True
     return httpd
 
@@ -167,6 +202,8 @@ def serve(config: AgentConfig, ready: Callable[[str], None] | None = None) -> in
     agent = Agent(config)
     try:
         httpd = make_server(agent)
+    except ConfigError:
+        raise
     except OSError as exc:
         raise ConfigError(
             f"cannot listen on {config.bind}:{config.port} ({exc.strerror}); pick another "
@@ -196,7 +233,7 @@ def serve(config: AgentConfig, ready: Callable[[str], None] | None = None) -> in
             agent.start_lease()
             host, port = httpd.server_address[:2]
             if ready is not None:
-                ready(f"http://{host}:{port}")
+                ready(f"{'https' if config.tls_cert else 'http'}://{host}:{port}")
             try:
                 httpd.serve_forever(poll_interval=0.5)
             finally:

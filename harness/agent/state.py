@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import ipaddress
 import itertools
 import os
 import re
@@ -74,6 +75,12 @@ class AgentConfig:
     sut_port: int | None = None  # its {port} (default: a free one)
     ready_timeout_s: float = 60.0
     protocol: str | None = None  # the server's wire protocol, for its readiness path
+    # HTTPS: the agent's certificate chain and key (PEM); both or neither
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # serve plain HTTP on an address other hosts reach (the token and the chaos actions
+    # then travel unencrypted): only when the user says so
+    plain_http: bool = False
 
     def validate(self) -> AgentConfig:
         if not self.token:
@@ -91,7 +98,29 @@ class AgentConfig:
             raise ConfigError(f"--lease has value {self.lease_s}; expected seconds > 0")
         if self.protocol is not None:
             protocols.get(self.protocol)  # unknown: a ConfigError naming the valid ones
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give both PEM files")
+        for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"{flag} has value {path!r}: no such file")
+        if self.tls_cert is None and not self.plain_http and not _loopback(self.bind):
+            raise ConfigError(
+                f"--bind {self.bind} without TLS would send the token, and let anyone on the "
+                "path pause or kill the server, in clear text: give --tls-cert FILE --tls-key "
+                "FILE (the master then uses --agent https://… and --agent-ca-cert), or "
+                "--plain-http to accept that"
+            )
         return self
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` (a --bind value) is reachable from this host only."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _netns() -> str | None:

@@ -56,6 +56,20 @@ def add_agent(sub: Subparsers) -> None:
     p.add_argument(
         "--sut-port", type=int, default=None, help="{port} of --sut-cmd (default: a free port)"
     )
+    p.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate chain (with --tls-key); required for a "
+        "--bind other hosts reach, unless --plain-http",
+    )
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's PEM key")
+    p.add_argument(
+        "--plain-http",
+        action="store_true",
+        help="serve plain HTTP on a non-loopback --bind: the token, and the power to pause "
+        "or kill the server, cross the network unencrypted",
+    )
     add_protocol(p)
     p.set_defaults(handler=_run_agent)
 
@@ -73,6 +87,9 @@ def _run_agent(args: argparse.Namespace) -> int:
         sut_cmd=args.sut_cmd,
         sut_port=args.sut_port,
         protocol=args.protocol,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        plain_http=args.plain_http,
     ).validate()
     check_sut_cmd(args.sut_cmd)
 

@@ -118,6 +118,13 @@ def add_deployment_options(g: argparse._ActionsContainer) -> None:
         help="the agent's --token (default: $HARNESS_AGENT_TOKEN; the environment keeps it "
         "out of `ps`)",
     )
+    g.add_argument(
+        "--agent-ca-cert",
+        default=None,
+        metavar="FILE",
+        help="an https:// agent: trust the CA in this PEM file (default: "
+        "$HARNESS_AGENT_CA_CERT, else the system's CAs)",
+    )
 
 
 def add_sut_cores(g: argparse._ActionsContainer) -> None:
@@ -167,6 +174,8 @@ FORWARDED_LOAD_OPTIONS = (
     "--request-timeout",
     "--closed-loop",
     "--max-in-flight",
+    "--batch-size",
+    "--input-data",
 )
 
 

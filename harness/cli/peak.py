@@ -193,7 +193,7 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
         sut_cmd = f"{shlex.quote(sys.executable)} -m reference_server --port {{port}}"
     deployment = {
         **deployment_of(args.header, args.ca_cert, args.insecure, args.metrics_url),
-        **agent_of(args.agent, args.agent_token, args.target, args.sut_pid),
+        **agent_of(args.agent, args.agent_token, args.target, args.sut_pid, args.agent_ca_cert),
     }
     if args.target is not None:  # https: one handshake now, or exit 2 naming --ca-cert
         check_transport(args.target, Target(url=args.target, **deployment).client())

@@ -192,6 +192,7 @@ def plan_request(
         metrics_url=args.metrics_url,
         agent_url=args.agent,
         agent_token=args.agent_token,
+        agent_ca_cert=args.agent_ca_cert,
         checklist=Path(args.checklist) if args.checklist else None,
         inputs=tuple(args.input),
         sample_request=args.sample_request,

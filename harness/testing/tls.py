@@ -13,15 +13,17 @@ needs_openssl = pytest.mark.skipif(
 )
 
 
-def make_certs(d: Path, name: str = "ca") -> dict[str, Path]:
-    """A throwaway CA and a server certificate it signs for 127.0.0.1 / localhost."""
+def make_certs(d: Path, name: str = "ca", ips: tuple[str, ...] = ()) -> dict[str, Path]:
+    """A throwaway CA and a server certificate it signs for 127.0.0.1 / localhost (and
+    for each address of ``ips``)."""
     d.mkdir(parents=True, exist_ok=True)
     ca_key, ca, key, csr, cert = (
         d / f"{name}{x}" for x in (".key", ".pem", "-srv.key", ".csr", "-srv.pem")
     )
     ext = d / f"{name}.ext"
     ext.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+        f"subjectAltName={','.join(f'IP:{ip}' for ip in ('127.0.0.1', *ips))},DNS:localhost\n"
+        "basicConstraints=CA:FALSE\n"
         "extendedKeyUsage=serverAuth\n"
     )
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
