@@ -84,9 +84,12 @@ def test_crash_restart_of_an_attached_server_waits_for_its_supervisor(tmp_path) 
         first = listener_pid(port)
         assert first is not None and _ready(port), "the supervised server never became ready"
         out = tmp_path / "out"
+        # the capacity pinned near what the MLP calibrates at (520-680 req/s): the load stays
+        # 0.5x of it, and the run skips the probe (~6 s), which this test is not about
         r = subprocess.run(
             [sys.executable, "-m", "harness", "run", "crash_restart", "--quick"]
-            + ["--target", f"http://127.0.0.1:{port}", "--sut-pid", str(first), "--out", str(out)],
+            + ["--target", f"http://127.0.0.1:{port}", "--sut-pid", str(first), "--out", str(out)]
+            + ["--locust-arg=--capacity-rps=500"],
             cwd=REPO,
             capture_output=True,
             text=True,
