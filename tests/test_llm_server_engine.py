@@ -3,11 +3,14 @@ priorities and deadlines, stepped by hand on a fake clock (no sleeps, no event l
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from reference_server.llm.engine import Engine, EngineConfig, QueueFull
 from reference_server.llm.kv_cache import KVCache, block_hashes
 from reference_server.llm.sequence import Sequence
+from reference_server.llm.timer import DeadlineTimer
 from reference_server.llm.tokens import expected_completion, generate, stream_key, token_ids
 
 
@@ -272,3 +275,27 @@ def test_fault_kv_overcommit_preempts_where_the_healthy_setting_does_not() -> No
         return engine.num_preemptions
 
     assert preemptions(16) > 0 and preemptions(4) == 0
+
+
+def test_the_deadline_timer_never_wakes_early_under_uvloop() -> None:
+    """uvloop's asyncio.sleep rounds to whole milliseconds (and so can wake early); the
+    step loop's timer waits for an absolute instant in nanoseconds."""
+    uvloop = pytest.importorskip("uvloop")
+    timer = DeadlineTimer()
+    assert timer.precise  # Linux: a timerfd
+    early: list[float] = []
+
+    async def main() -> None:
+        for i in range(20):
+            deadline = time.monotonic() + 0.0013 + i * 0.0001  # not whole milliseconds
+            await timer.wait_until(deadline)
+            early.append(deadline - time.monotonic())
+        past = time.monotonic() - 1.0
+        await timer.wait_until(past)  # a deadline already passed returns at once
+
+    try:
+        uvloop.run(main())
+    finally:
+        timer.close()
+    assert len(early) == 20 and max(early) <= 0
+    assert not timer.precise  # closed

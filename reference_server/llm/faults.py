@@ -12,8 +12,9 @@ it; the last three are measurement traps that test the harness, not the server.
   full length: sequences are admitted while their prompts fit, then preempt each other
   as they grow (a preemption storm: streams freeze mid-way and are recomputed).
 - ``unbounded-queue``: the waiting queue never sheds: no 429, TTFT grows without bound.
-- ``priority-inversion``: the waiting queue sorted with ``priority``'s sign flipped
-  (higher value first), as a server that reads it as "more important".
+- ``priority-inversion``: ``priority``'s sign flipped (higher value first), as a
+  server that reads it as "more important": the waiting queue is sorted so, and a
+  waiting request preempts running ones of a *lower* value.
 - ``stream-stall:SECONDS``: every tenth stream (the first, the 11th, ...) stops sending
   after its fourth token for SECONDS, kept open by SSE comments (``: keep-alive``);
   the engine keeps generating and the held tokens follow at once.
