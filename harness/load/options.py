@@ -9,6 +9,7 @@ from typing import Any
 
 from harness import protocols
 from harness.errors import ConfigError
+from harness.load.input_options import add_input_options, input_options_from
 from harness.load.scenario import Scenario, load_scenario
 
 
@@ -48,6 +49,8 @@ class Options:
     # check ids / scenario names accepted unjudged or not run (--allow-skip)
     allow_skip: tuple[str, ...] = ()
     protocol: str = protocols.DEFAULT  # --protocol: what is said to the server
+    batch_size: int = 1  # --batch-size: inferences per request
+    input_data: str | None = None  # --input-data FILE (absolute): the requests' data
 
     def to_wire(self) -> dict[str, Any]:
         """A plain dict for the master's plan message (harness.load.wire)."""
@@ -140,20 +143,7 @@ def add_options(parser: Any) -> None:
         env_var="HARNESS_OUT",
         help="directory for results.json and samples/",
     )
-    g.add_argument(
-        "--input",
-        dest="harness_input",
-        action="append",
-        default=None,
-        env_var="HARNESS_INPUT",
-        help="NAME:DTYPE:SHAPE of a model input, when the server lists none (repeatable)",
-    )
-    g.add_argument(
-        "--sample-request",
-        default=None,
-        env_var="HARNESS_SAMPLE_REQUEST",
-        help="a V2 inference request JSON file whose inputs are used as the template",
-    )
+    add_input_options(g)
     g.add_argument(
         "--closed-loop",
         type=int,
@@ -322,8 +312,12 @@ _NUMERIC: Mapping[str, tuple[type, str]] = {
     "request_timeout": (float, "request-timeout"),
     "ready_timeout": (float, "ready-timeout"),
     "duration": (float, "duration"),
+    "batch_size": (int, "batch-size"),
 }
-_TEXT = ("model", "sut_cmd", "sut_cores", "sample_request", "checklist", "agent_url", "protocol")
+_TEXT = (
+    *("model", "sut_cmd", "sut_cores", "sample_request", "checklist", "agent_url", "protocol"),
+    "input_data",
+)
 
 USERS_REFUSED = (
     "{flag} {value} does not apply: the scenario sets users and rates stage by stage "
@@ -397,9 +391,6 @@ def options_from(parsed: Any, form: bool = False) -> Options:
             "host: start it there (harness agent --sut-cmd CMD, or by hand and pass --sut-pid "
             "PID, its pid on that host)"
         )
-    inputs = parsed.harness_input or ()
-    if isinstance(inputs, str):  # from the environment variable: comma-free, space-separated
-        inputs = inputs.split()
     deployment = deployment_options(parsed)
     protocol = parsed.protocol or protocols.DEFAULT
     protocols.get(protocol)  # unknown: a ConfigError naming the valid ones
@@ -411,8 +402,7 @@ def options_from(parsed: Any, form: bool = False) -> Options:
         sut_cmd=parsed.sut_cmd,
         sut_cores=parsed.sut_cores,
         out=parsed.out,
-        inputs=tuple(inputs),
-        sample_request=parsed.sample_request,
+        **input_options_from(parsed),
         closed_loop_users=parsed.closed_loop,
         seed=parsed.seed,
         max_in_flight=parsed.max_in_flight,

@@ -2,9 +2,9 @@
 
 What a request says is the protocol's (``harness.protocols``: for KServe V2 the input
 names, datatypes and shapes come from the model's metadata or from ``--input`` /
-``--sample-request``); here its body is framed as HTTP once per pool input and traffic
-class, so per request only the fixed-width id is spliced in and the hot path never
-touches JSON encoding.
+``--sample-request``, the data from an ``--input-data`` file when given); here its body
+is framed as HTTP once per pool input and traffic class, so per request only the
+fixed-width id is spliced in and the hot path never touches JSON encoding.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ results of a failed run still say how long the server took to start).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -24,6 +25,45 @@ from harness.load.scenario import Scenario
 from harness.load.sut_control import SutControl
 
 log = logging.getLogger("harness.load")
+
+
+# the keyword-only arguments of WireProtocol.resolve_inputs, passed only when set
+RESOLVE_KEYWORDS = (("batch_size", "--batch-size", 1), ("input_data", "--input-data", None))
+
+
+def resolve_inputs(proto: protocols.WireProtocol, meta: Any, model: str, o: Options) -> Any:
+    """``proto.resolve_inputs`` with the options it is given; ``--batch-size`` /
+    ``--input-data`` only when set, and a ConfigError naming the option when the protocol
+    does not take it (a protocol of one's own written before they existed)."""
+    params = inspect.signature(proto.resolve_inputs).parameters
+    open_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    extra: dict[str, Any] = {}
+    for name, flag, default in RESOLVE_KEYWORDS:
+        value = getattr(o, name)
+        if value == default:
+            continue
+        if name not in params and not open_kw:
+            raise ConfigError(
+                f"{flag} is set, but the {proto.name} protocol does not take it (its "
+                f"resolve_inputs has no {name!r} argument); drop {flag}"
+            )
+        extra[name] = value
+    return proto.resolve_inputs(meta, model, o.inputs, o.sample_request, **extra)
+
+
+def inputs_doc(o: Options) -> dict[str, Any]:
+    """``sut.inputs``: where the requests' inputs came from and how many inferences each
+    request carries (the results count requests: multiply by ``batch_size``)."""
+    source = (
+        "input-data"
+        if o.input_data
+        else "sample-request"
+        if o.sample_request
+        else "input"
+        if o.inputs
+        else "metadata"
+    )
+    return {"source": source, "batch_size": o.batch_size, "input_data": o.input_data}
 
 
 class Preparation:
@@ -89,6 +129,7 @@ class Preparation:
         self._start_proxy(host, port)
         self.sut_doc = self.sut.describe(base, model, {"server": server_meta, "model": meta})
         self.sut_doc.update(http.current().describe(), metrics_url=self.opts.metrics_url)
+        self.sut_doc["inputs"] = inputs_doc(self.opts)
 
     def _golden(self, pool: payloads.PayloadPool, host: str, port: int, model: str) -> Golden:
         """The pool's golden outputs: fetched one at a time, or with ``--golden-cache``
@@ -188,10 +229,12 @@ class Preparation:
         o = self.opts
         load = self.scenario.load
         proto = self.protocol
-        template = proto.resolve_inputs(meta, model, o.inputs, o.sample_request)
+        template = resolve_inputs(proto, meta, model, o)
         max_batch = proto.max_batch(meta)
         pool_size = load.pool_size or max(64, 4 * max_batch)
         self.inputs = proto.generate_inputs(template, pool_size, load.seed)
+        if o.input_data:
+            log.info("harness: %d requests from %s, sent in order", len(self.inputs), o.input_data)
         host, port, prefix = http.split_url(base)
         classes = [
             payloads.ClassParams(c.name, c.priority, c.timeout_us) for c in self.scenario.classes

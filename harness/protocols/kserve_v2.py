@@ -13,195 +13,59 @@ V2 front end, the bundled reference server).
   reference server offers it too).
 
 Models that list no inputs (MLServer with an sklearn model answers ``"inputs": []``) are
-described by the user with ``--input NAME:DTYPE:SHAPE`` or ``--sample-request FILE``.
+described by the user with ``--input NAME:DTYPE:SHAPE`` or ``--sample-request FILE``. The
+inputs' shapes, batch size and value ranges are ``harness.protocols.kserve_v2_inputs``'s;
+the user's own data (``--input-data FILE``, perf_analyzer's format) is
+``harness.protocols.kserve_v2_data``'s.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from harness.errors import ConfigError
+from harness.protocols.kserve_v2_data import load_input_data, requests_from
+from harness.protocols.kserve_v2_inputs import (
+    DATATYPES,
+    InputSpec,
+    generate_inputs,
+    load_sample_request,
+    parse_input_option,
+    resolve_specs,
+    specs_from_metadata,
+)
 from harness.protocols.protocol import BadResponse, ClassParams, Counters, WireProtocol
 
-DATATYPES = (
-    "BOOL",
-    "UINT8",
-    "UINT16",
-    "UINT32",
-    "UINT64",
-    "INT8",
-    "INT16",
-    "INT32",
-    "INT64",
-    "FP16",
-    "FP32",
-    "FP64",
-    "BF16",
-    "BYTES",
-)
+__all__ = [
+    "DATATYPES",
+    "InputSpec",
+    "InputTemplate",
+    "KServeV2",
+    "counters_of",
+    "flatten",
+    "generate_inputs",
+    "load_sample_request",
+    "parse_answer",
+    "parse_input_option",
+    "resolve_specs",
+    "specs_from_metadata",
+]
+
 # Triton's per-model duration counters (each with a count and nanoseconds)
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 
 
 @dataclass(frozen=True)
-class InputSpec:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]  # -1 (variable/batch) already replaced by 1
+class InputTemplate:
+    """What ``KServeV2.resolve_inputs`` found: the inputs' specs (at the batch size), a
+    sample request's literal inputs, or the requests built from an ``--input-data`` file."""
 
-
-# -- inputs: from the metadata, the options or a sample request ---------------------------
-
-
-def _shape(raw: Sequence[Any], where: str) -> tuple[int, ...]:
-    out = []
-    for d in raw:
-        if isinstance(d, bool) or not isinstance(d, int) or d == 0 or d < -1:
-            raise ConfigError(
-                f"{where}: shape {list(raw)} has dimension {d!r}; expected positive integers "
-                f"or -1 (variable)"
-            )
-        out.append(1 if d == -1 else d)
-    return tuple(out)
-
-
-def _datatype(value: Any, where: str) -> str:
-    dt = str(value).upper()
-    if dt not in DATATYPES:
-        raise ConfigError(
-            f"{where}: datatype {value!r} is not a V2 datatype; use one of {', '.join(DATATYPES)}"
-        )
-    return dt
-
-
-def parse_input_option(text: str) -> InputSpec:
-    """``NAME:DTYPE:SHAPE`` (shape as ``1,64`` or ``1x64``; -1 = variable) → InputSpec."""
-    parts = text.split(":")
-    if len(parts) != 3 or not parts[0]:
-        raise ConfigError(
-            f"--input has value {text!r}; expected NAME:DTYPE:SHAPE, e.g. --input input:FP32:1,64"
-        )
-    name, dtype, shape_text = parts
-    try:
-        dims = [int(d) for d in shape_text.replace("x", ",").split(",") if d.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"--input has value {text!r}: shape {shape_text!r} is not a list of integers; "
-            f"write e.g. 1,64"
-        ) from None
-    if not dims:
-        raise ConfigError(f"--input has value {text!r}: the shape is empty; write e.g. 1,64")
-    return InputSpec(name, _datatype(dtype, f"--input {text!r}"), _shape(dims, f"--input {text!r}"))
-
-
-def specs_from_metadata(meta: Mapping[str, Any], model: str) -> list[InputSpec]:
-    """Input specs from a ``GET /v2/models/{m}`` answer ([] when the server lists none)."""
-    inputs = meta.get("inputs") or []
-    out = []
-    for i, item in enumerate(inputs):
-        where = f"GET /v2/models/{model}: inputs[{i}]"
-        try:
-            out.append(
-                InputSpec(
-                    str(item["name"]),
-                    _datatype(item["datatype"], where),
-                    _shape(item["shape"], where),
-                )
-            )
-        except (KeyError, TypeError):
-            raise ConfigError(
-                f"{where} = {item!r} lacks name/datatype/shape; state the inputs with "
-                f"--input NAME:DTYPE:SHAPE or --sample-request FILE"
-            ) from None
-    return out
-
-
-def load_sample_request(path: str | Path) -> tuple[list[InputSpec], list[dict[str, Any]]]:
-    """Specs and the literal inputs of a sample V2 request file."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-        inputs = doc["inputs"]
-        specs = [
-            InputSpec(str(x["name"]), _datatype(x["datatype"], f"{p}"), _shape(x["shape"], f"{p}"))
-            for x in inputs
-        ]
-    except FileNotFoundError:
-        raise ConfigError(f"--sample-request has value {str(p)!r}: no such file") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"--sample-request {str(p)!r} is not a V2 inference request "
-            f'({{"inputs": [{{"name", "datatype", "shape", "data"}}]}}): {exc}'
-        ) from None
-    if not specs:
-        raise ConfigError(f"--sample-request {str(p)!r} has an empty 'inputs' list")
-    return specs, [dict(x) for x in inputs]
-
-
-def resolve_specs(
-    meta: Mapping[str, Any],
-    model: str,
-    input_options: Sequence[str] = (),
-    sample_request: str | None = None,
-) -> tuple[list[InputSpec], list[dict[str, Any]] | None]:
-    """Inputs from the options (they win: the user knows best), else from the metadata."""
-    if sample_request:
-        return load_sample_request(sample_request)
-    if input_options:
-        return [parse_input_option(t) for t in input_options], None
-    specs = specs_from_metadata(meta, model)
-    if not specs:
-        raise ConfigError(
-            f'model {model!r} reports no inputs (GET /v2/models/{model} has "inputs": []); '
-            f"state them with --input NAME:DTYPE:SHAPE (e.g. --input input:FP32:1,64) "
-            f"or --sample-request FILE"
-        )
-    return specs, None
-
-
-def _values(spec: InputSpec, rng: random.Random) -> list[Any]:
-    n = math.prod(spec.shape)
-    dt = spec.datatype
-    if dt == "BOOL":
-        return [rng.random() < 0.5 for _ in range(n)]
-    if dt == "BYTES":
-        return [f"s{rng.getrandbits(32):08x}" for _ in range(n)]
-    if dt.startswith("UINT"):
-        return [rng.randrange(0, 100) for _ in range(n)]
-    if dt.startswith("INT"):
-        return [rng.randrange(-50, 50) for _ in range(n)]
-    # floats: 4 decimals survive FP16 and keep the JSON short
-    return [round(rng.uniform(-1.0, 1.0), 4) for _ in range(n)]
-
-
-def generate_inputs(
-    specs: Sequence[InputSpec], count: int, seed: int, first: list[dict[str, Any]] | None = None
-) -> list[list[dict[str, Any]]]:
-    """``count`` distinct V2 ``inputs`` lists (the sample request's own data first)."""
-    rng = random.Random(f"harness-payloads/{seed}")
-    pool: list[list[dict[str, Any]]] = []
-    if first is not None and all("data" in x for x in first):
-        pool.append([{k: x[k] for k in ("name", "shape", "datatype", "data")} for x in first])
-    while len(pool) < count:
-        pool.append(
-            [
-                {
-                    "name": s.name,
-                    "shape": list(s.shape),
-                    "datatype": s.datatype,
-                    "data": _values(s, rng),
-                }
-                for s in specs
-            ]
-        )
-    return pool
+    specs: list[InputSpec]
+    first: list[dict[str, Any]] | None = None
+    requests: list[list[dict[str, Any]]] | None = None
 
 
 # -- answers ------------------------------------------------------------------------------
@@ -307,14 +171,26 @@ class KServeV2(WireProtocol):
         model: str,
         input_options: Sequence[str] = (),
         sample_request: str | None = None,
-    ) -> tuple[list[InputSpec], list[dict[str, Any]] | None]:
-        return resolve_specs(meta, model, input_options, sample_request)
+        *,
+        batch_size: int = 1,
+        input_data: str | None = None,
+    ) -> InputTemplate:
+        specs, first = resolve_specs(
+            meta, model, input_options, sample_request, batch_size, input_data
+        )
+        if input_data is None:
+            return InputTemplate(specs, first)
+        entries = load_input_data(input_data, specs, batch_size)
+        return InputTemplate(specs, requests=requests_from(entries, specs, batch_size))
 
     def generate_inputs(
-        self, template: tuple[list[InputSpec], list[dict[str, Any]] | None], count: int, seed: int
+        self, template: InputTemplate, count: int, seed: int
     ) -> list[list[dict[str, Any]]]:
-        specs, first = template
-        return generate_inputs(specs, count, seed, first)
+        """``count`` generated inputs; with ``--input-data``, the file's requests in
+        order instead (their number is the pool's)."""
+        if template.requests is not None:
+            return list(template.requests)
+        return generate_inputs(template.specs, count, seed, template.first)
 
     def request_parts(self, inputs: Any, cls: ClassParams) -> tuple[bytes, bytes]:
         params: dict[str, Any] = {}

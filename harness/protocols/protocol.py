@@ -97,12 +97,24 @@ class WireProtocol(ABC):
     ) -> Any:
         """What the inputs look like, from the model's metadata or from the user
         (``--input`` values, a ``--sample-request`` file: they win); a ConfigError
-        (exit 2) naming the fix when neither says."""
+        (exit 2) naming the fix when neither says.
+
+        Two keyword-only arguments are passed only when the user sets them, so a protocol
+        that does not declare them keeps working (and gets a ConfigError naming the
+        option, before any load, when it is set):
+
+        - ``batch_size`` (``--batch-size N``, default 1): every request carries N
+          inferences — for KServe V2 the leading -1 (batch) dimension of each input
+          becomes N. The results count requests; ``sut.inputs.batch_size`` says N.
+        - ``input_data`` (``--input-data FILE``): the path of the user's request data;
+          ``generate_inputs`` then returns the file's requests in order (their number
+          sizes the pool), each checked against the model's inputs here."""
 
     @abstractmethod
     def generate_inputs(self, template: Any, count: int, seed: int) -> list[Any]:
         """``count`` distinct JSON-able inputs for ``template`` (``resolve_inputs``),
-        the same for the same seed on every process."""
+        the same for the same seed on every process; with ``input_data``, the file's
+        requests in order, whatever ``count``."""
 
     # -- one request, one answer ----------------------------------------------------------
 
