@@ -299,3 +299,20 @@ def test_judge_rejudges_results_under_another_checklist(tmp_path):
     offered = doc["scenarios"][0]["counters"]["scheduled"] / 40.0  # the arrivals drawn
     assert tput["passed"] is False, tput
     assert tput["threshold"] == pytest.approx(1.5 * offered, abs=1e-3), tput
+
+
+def test_batch_size_and_input_data_reach_every_locust_run(tmp_path, monkeypatch):
+    from harness.cli import build_parser
+    from harness.cli.run import plan_request
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.json").write_text('{"data": [{"input": [1, 2, 3, 4]}]}')
+    parser = build_parser()
+    for command in (["run", "steady_state"], ["acceptance"]):
+        args = parser.parse_args([*command, "--batch-size", "4", "--input-data", "data.json"])
+        req = plan_request(args, ("steady_state",), "out")
+        # the file as an absolute path: every Locust process reads the same one
+        assert req.locust_args == ("--batch-size", "4", "--input-data", str(tmp_path / "data.json"))
+    for bad in (["--batch-size", "0"], ["--input-data", "missing.json"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "steady_state", *bad])  # the plugin's types
