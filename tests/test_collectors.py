@@ -113,10 +113,26 @@ def test_named_threads_cpu_names_and_cswch(tmp_path):
     try:
         proc = psutil.Process(p.pid)
         before = {t.id: t.user_time + t.system_time for t in proc.threads()}
-        sampler = ProcessSampler(p.pid, tmp_path)
-        ticks = _run_sampler(sampler, 0.25, 2.0)
+        # switch counts read on the first 0.25 s tick at least 1 s after the last read,
+        # beside a sampler that reads them every tick (in step: same tick times)
+        sampler = ProcessSampler(p.pid, tmp_path, switches_every_s=1.0)
+        dense = ProcessSampler(p.pid, None, switches_every_s=0.0)
+        dense_ticks = []
+        loop = TickLoop(0.25)
+        t0 = loop.start()
+        base_t = time.monotonic() - t0
+        sampler.baseline(base_t)
+        dense.baseline(base_t)
+        ticks = []
+
+        def on_tick(t: float, late: float) -> None:
+            ticks.append((sampler.sample(t, time.time(), late), list(sampler.last_threads)))
+            dense_ticks.append((dense.sample(t, time.time(), late), list(dense.last_threads)))
+
+        loop.run(on_tick, 2.0)
         after = {t.id: t.user_time + t.system_time for t in proc.threads()}
         sampler.close()
+        dense.close()
     finally:
         _stop(p)
     assert len(ticks) >= 6
@@ -130,8 +146,29 @@ def test_named_threads_cpu_names_and_cswch(tmp_path):
     # the busy thread dominates; the idle one is at ~0 (shared box: no absolute figure)
     assert mean["busy"] > 10 * max(mean["idle"], 0.5)
     assert mean["idle"] < 5
+    # switch counts on the switch ticks only (every row of them), none carried between
+    switch_ticks = [(tick, rs) for tick, rs in ticks if tick.cswch_s is not None]
+    assert 1 <= len(switch_ticks) <= 3
+    for tick, rs in ticks:
+        fresh = tick.cswch_s is not None
+        assert all((r.cswch_s is not None) == fresh and (r.nvcswch_s is not None) == fresh
+                   for r in rs)  # fmt: skip
     # the waker switches context voluntarily hundreds of times a second
-    assert sum(r.cswch_s for r in by_name["waker"]) / len(by_name["waker"]) > 50
+    waker = [r.cswch_s for _, rs in switch_ticks for r in rs if r.name == "waker"]
+    assert sum(waker) / len(waker) > 50
+    # a rate over the window since the last switch tick: the same count as the per-tick
+    # rates of the dense sampler over the ticks of that window
+    tid = by_name["waker"][0].tid
+    starts = [base_t] + [tick.t for tick, _ in switch_ticks]
+    last_t, (tick, rs) = starts[-2], switch_ticks[-1]
+    sparse_count = next(r.cswch_s for r in rs if r.tid == tid) * (tick.t - last_t)
+    dense_count, prev_t = 0.0, base_t
+    for (d, drs), (s, _) in zip(dense_ticks, ticks, strict=True):
+        if last_t < d.t <= tick.t:
+            dense_count += next(r.cswch_s for r in drs if r.tid == tid) * (d.t - prev_t)
+        prev_t = d.t
+        assert d.t == s.t
+    assert sparse_count == pytest.approx(dense_count, rel=0.05)
     # CPU-seconds from the sampler's per-tick %CPU match psutil's thread times over the run
     tid = busy[0].tid
     dts = [ticks[0][0].t - 0.0] + [b[0].t - a[0].t for a, b in zip(ticks, ticks[1:], strict=False)]
@@ -143,9 +180,11 @@ def test_named_threads_cpu_names_and_cswch(tmp_path):
     )
     truth_s = after[tid] - before[tid]
     assert sampled_s == pytest.approx(truth_s, rel=0.15, abs=0.05)
-    # process-level context switches are the sum over threads (psutil's counts the main one only)
-    tick = ticks[-1][0]
-    assert tick.cswch_s == pytest.approx(sum(r.cswch_s for r in ticks[-1][1]), abs=0.1)
+    # process-level context switches are the sum over threads (psutil's counts the main
+    # one only), on a switch tick
+    tick, rs = switch_ticks[-1]
+    assert tick.cswch_s == pytest.approx(sum(r.cswch_s for r in rs), abs=0.1)
+    assert tick.nvcswch_s == pytest.approx(sum(r.nvcswch_s for r in rs), abs=0.1)
     assert tick.threads == 4 and tick.pid_count == 1 and tick.fds >= 3
     assert (tmp_path / "threads.csv").read_text().count("\n") == len(rows) + 1
 

@@ -25,14 +25,15 @@ def format_live(tick: ProcessTick, threads: Sequence[ThreadRow], top: int = 20) 
         "",
         f"{clock}  procs {tick.pid_count}  %CPU {tick.cpu_pct:.2f} (usr {tick.usr_pct:.2f} "
         f"sys {tick.sys_pct:.2f})  RSS {mib:.1f} MiB  threads {tick.threads}  fds {tick.fds}  "
-        f"cswch/s {tick.cswch_s:.1f}  nvcswch/s {tick.nvcswch_s:.1f}  late {tick.late_s * 1000:.1f} ms",
+        f"cswch/s {_num(tick.cswch_s)}  nvcswch/s {_num(tick.nvcswch_s)}  "
+        f"late {tick.late_s * 1000:.1f} ms",
         _HEADER,
     ]
     for r in sorted(threads, key=lambda r: r.cpu_pct, reverse=True)[:top]:
         lines.append(
             f"{r.tid:>8} {r.usr_pct:>7.2f} {r.system_pct:>7.2f} {r.guest_pct:>7.2f} "
-            f"{_num(r.wait_pct):>7} {r.cpu_pct:>7.2f} {r.cpu:>3} {r.cswch_s:>9.2f} "
-            f"{r.nvcswch_s:>9.2f}  |__{r.name}"
+            f"{_num(r.wait_pct):>7} {r.cpu_pct:>7.2f} {r.cpu:>3} {_num(r.cswch_s):>9} "
+            f"{_num(r.nvcswch_s):>9}  |__{r.name}"
         )
     if len(threads) > top:
         lines.append(f"  … {len(threads) - top} more threads")

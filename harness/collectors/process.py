@@ -4,8 +4,9 @@ memory, threads and file descriptors. Records only; never judges.
 Formulas (sysstat pidstat.c), with dt from a monotonic clock:
 ``%usr = Δ(utime−guest)/(HZ·dt)·100``, ``%system = Δstime/(HZ·dt)·100``,
 ``%guest = Δguest/(HZ·dt)·100``, ``%wait = Δrunq_wait_ns/1e9/dt·100``,
-``%CPU = Δ(utime+stime)/(HZ·dt)·100``, ``cswch/s = Δvoluntary/dt``,
-``nvcswch/s = Δnonvoluntary/dt``. Threads are keyed by (pid, TID, start time) because TIDs
+``%CPU = Δ(utime+stime)/(HZ·dt)·100``; ``cswch/s = Δvoluntary/Δt``,
+``nvcswch/s = Δnonvoluntary/Δt`` on switch ticks only, Δt since the last switch tick
+(``switches_every_s``; threads.py). Threads are keyed by (pid, TID, start time) because TIDs
 are reused. A thread born since the last tick is measured from zero (all its time fell in
 this interval); one seen for the first time otherwise only gets a baseline.
 """
@@ -18,12 +19,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import psutil
 
 from harness.collectors import procfs
 from harness.collectors.loop import CsvStream
+from harness.collectors.threads import THREAD_COLUMNS, Task, ThreadPass, ThreadRow
+
+__all__ = ["PROCESS_COLUMNS", "THREAD_COLUMNS", "ProcessSampler", "ProcessTick", "ThreadRow"]
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -45,70 +48,6 @@ PROCESS_COLUMNS = [
     "socket_fds",
     "client_conns",
 ]
-THREAD_COLUMNS = [
-    "t",
-    "pid",
-    "tid",
-    "start_ticks",
-    "name",
-    "usr_pct",
-    "system_pct",
-    "guest_pct",
-    "wait_pct",
-    "cpu_pct",
-    "cpu",
-    "cswch_s",
-    "nvcswch_s",
-]
-
-
-class ThreadRow(NamedTuple):
-    """One thread over one interval: the pidstat -t columns (a row of threads.csv)."""
-
-    t: float
-    pid: int
-    tid: int
-    start_ticks: int
-    name: str
-    usr_pct: float
-    system_pct: float
-    guest_pct: float
-    wait_pct: float | None
-    cpu_pct: float
-    cpu: int
-    cswch_s: float
-    nvcswch_s: float
-
-    def as_row(self) -> tuple:
-        return tuple(self)
-
-    def csv_line(self) -> str:
-        """The threads.csv line; one f-string is ~5x cheaper than csv.writer on 200 rows."""
-        name = self.name
-        if "," in name or '"' in name or "\n" in name or "\r" in name:
-            name = '"' + name.replace('"', '""') + '"'
-        wait = "" if self.wait_pct is None else f"{self.wait_pct:.2f}"
-        return (
-            f"{self.t:.4f},{self.pid},{self.tid},{self.start_ticks},{name},"
-            f"{self.usr_pct:.2f},{self.system_pct:.2f},{self.guest_pct:.2f},{wait},"
-            f"{self.cpu_pct:.2f},{self.cpu},{self.cswch_s:.2f},{self.nvcswch_s:.2f}\n"
-        )
-
-
-class _Thread(NamedTuple):
-    """Raw counters of one thread at one tick."""
-
-    starttime: int
-    name: str
-    processor: int
-    utime: int
-    stime: int
-    guest: int
-    run_ns: int | None
-    wait_ns: int | None
-    pcount: int | None
-    vcs: int
-    nvcs: int
 
 
 @dataclass(frozen=True)
@@ -125,8 +64,10 @@ class ProcessTick:
     cpu_pct: float
     usr_pct: float
     sys_pct: float
-    cswch_s: float
-    nvcswch_s: float
+    # on a switch tick (ProcessSampler.switches_every_s): the rate since the previous
+    # one, summed over threads; None on every other tick
+    cswch_s: float | None
+    nvcswch_s: float | None
     socket_fds: int = 0  # of ``fds``
     # of ``socket_fds``: connections whose other end is a ``peer_pids`` process (the
     # harness's own); None when no peers were given
@@ -153,40 +94,6 @@ class ProcessTick:
         )
 
 
-_ZERO = _Thread(0, "", 0, 0, 0, 0, 0, 0, 0, 0, 0)
-
-
-class _Task:
-    """One thread of a watched process: its /proc paths, and what was read of it at the
-    last tick (``sched_raw``: the schedstat text, set together with ``counters``)."""
-
-    __slots__ = ("tid", "schedstat", "stat", "status", "sched_raw", "counters", "idle")
-
-    def __init__(self, pid: int, tid: int) -> None:
-        base = f"/proc/{pid}/task/{tid}/"
-        self.tid = tid
-        self.schedstat = base + "schedstat"
-        self.stat = base + "stat"
-        self.status = base + "status"
-        self.sched_raw: bytes | None = None
-        self.counters: _Thread | None = None
-        # for a tick in which the thread did not run: its ThreadRow fields after ``t``
-        # and its threads.csv line after the time field (every rate 0), made on the
-        # first such tick and dropped when it runs (its CPU number or name may change)
-        self.idle: tuple[tuple, str] | None = None
-
-
-def _idle_row(pid: int, task: _Task) -> tuple[tuple, str]:
-    """``_Task.idle`` of a thread whose counters were read: its row for a tick in which it
-    did not run, as ThreadRow fields after ``t`` and as a threads.csv line after the time
-    field."""
-    c = task.counters
-    assert c is not None
-    fields = (pid, task.tid, c.starttime, c.name, 0.0, 0.0, 0.0, 0.0, 0.0, c.processor, 0.0, 0.0)
-    line = ThreadRow(0.0, *fields).csv_line()
-    return fields, line[line.index(",") :]
-
-
 def _boottime_ticks() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) * HZ
 
@@ -209,8 +116,15 @@ class ProcessSampler:
         recent: int = 600,
         boottime_ticks: Callable[[], float] = _boottime_ticks,
         peer_pids: Callable[[], Iterable[int]] | None = None,
+        switches_every_s: float = 5.0,
     ) -> None:
         self.pid = pid
+        # Context switches are read from each thread's status, the dearest of its files:
+        # on the first tick at least this long after the last read (0: every tick). The
+        # rows of other ticks leave the switch columns empty (see threads.py).
+        self.switches_every_s = switches_every_s
+        self._switches_t = 0.0  # the last switch tick (or the baseline)
+        self._switches_next = 0.0
         # The processes whose connections to the server are the harness's own (the load
         # generator and the sampler): counted every tick so the server's socket count can
         # be judged net of them.
@@ -225,13 +139,13 @@ class ProcessSampler:
         self.gone = False  # the watched process tree no longer exists
         self._boottime_ticks = boottime_ticks
         self.recent: deque[ProcessTick] = deque(maxlen=recent)
-        # the last tick's rows: a ThreadRow, or an idle thread's fields after ``t``
-        # (made into a ThreadRow only when ``last_threads`` is read)
-        self._rows: list[ThreadRow | tuple] = []
+        # the last tick's rows as ThreadRow fields after ``t`` (made into ThreadRows only
+        # when ``last_threads`` is read)
+        self._rows: list[tuple] = []
         self._rows_t = 0.0
         self._last_threads: list[ThreadRow] | None = []
         # pid → its threads by TID as /proc/PID/task names them
-        self._tasks: dict[int, dict[str, _Task]] = {}
+        self._tasks: dict[int, dict[str, Task]] = {}
         self._procs_prev: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._t_prev: float | None = None
         self._boot_prev: float = 0.0
@@ -254,6 +168,7 @@ class ProcessSampler:
         self._tasks.clear()
         self._procs_prev.clear()
         self._children_next = 0.0
+        self._switches_next = 0.0
 
     def pids(self, t: float | None = None) -> list[int]:
         """The root pid and (when watched) its descendants, rescanned every few seconds."""
@@ -286,9 +201,7 @@ class ProcessSampler:
         """One row per thread of the last tick taken (pidstat -t's rows for that interval)."""
         if self._last_threads is None:
             t = self._rows_t
-            self._last_threads = [
-                r if type(r) is ThreadRow else ThreadRow(t, *r) for r in self._rows
-            ]
+            self._last_threads = [ThreadRow(t, *r) for r in self._rows]
         return self._last_threads
 
     def _collect(self, t: float, ts: float, late_s: float, emit: bool) -> ProcessTick | None:
@@ -298,14 +211,18 @@ class ProcessSampler:
         files = self._files
         read = files.read
         has_schedstat = self.has_schedstat
-        tasks_now: dict[int, dict[str, _Task]] = {}
+        first = self._t_prev is None
+        # a switch tick: the threads' switch counts are read (always at the first call)
+        switches = first or (emit and t >= self._switches_next)
+        threads = ThreadPass(
+            files, t=t, dt=dt, emit=emit, switches=switches, switches_t=self._switches_t,
+            boot_prev=self._boot_prev, first=first, csv=self._thr_csv is not None,
+        )  # fmt: skip
+        still, moved = threads.idle, threads.read
+        quiet = has_schedstat and dt is not None and dt > 0
+        tasks_now: dict[int, dict[str, Task]] = {}
         procs_now: dict[tuple[int, int], tuple[int, int, int]] = {}
-        rows: list[ThreadRow | tuple] = []
-        # threads.csv lines, in step with rows (None: no CSV is written)
-        lines: list[str] | None = [] if self._thr_csv is not None else None
-        stamp = f"{t:.4f}"  # the time field of this tick's threads.csv lines
         proc_ticks = [0, 0, 0]  # Δ(utime−guest), Δstime, Δ(utime+stime)
-        cs = [0, 0]
         rss = n_threads = n_fds = 0
         sockets: list[int] = []
         take_uss = emit and t >= self._uss_next
@@ -339,24 +256,20 @@ class ProcessSampler:
             for name in procfs.list_task_names(pid):
                 task = tasks_prev.get(name)
                 if task is None:
-                    task = _Task(pid, int(name))
+                    task = Task(pid, int(name))
                 raw = read(task.schedstat) if has_schedstat else None
-                if raw is not None and raw == task.sched_raw and dt and dt > 0:
+                if quiet and raw is not None and raw == task.sched_raw:
                     # Did not run, and waited for no CPU, since the last tick: nothing moved.
-                    tasks[name] = task
-                    n_threads += 1
-                    if emit:
-                        idle = task.idle
-                        if idle is None:
-                            idle = task.idle = _idle_row(pid, task)
-                        rows.append(idle[0])
-                        if lines is not None:
-                            lines.append(stamp + idle[1])
-                    continue
-                if self._sample_thread(pid, task, raw, t, dt, emit, rows, lines, cs):
-                    tasks[name] = task
-                    n_threads += 1
+                    still(task)
+                elif not moved(task, raw):
+                    continue  # gone
+                tasks[name] = task
+                n_threads += 1
         files.sweep()
+        switches_since = self._switches_t
+        if switches and (emit or first):
+            self._switches_t = t
+            self._switches_next = t + self.switches_every_s - (dt or 0.0) / 2
         self._tasks = tasks_now
         self._procs_prev = procs_now
         self._t_prev = t
@@ -391,85 +304,17 @@ class ProcessSampler:
             cpu_pct=round(proc_ticks[2] * scale, 2),
             usr_pct=round(proc_ticks[0] * scale, 2),
             sys_pct=round(proc_ticks[1] * scale, 2),
-            cswch_s=round(cs[0] / dt, 2),
-            nvcswch_s=round(cs[1] / dt, 2),
+            cswch_s=round(threads.vcs / (t - switches_since), 2) if switches else None,
+            nvcswch_s=round(threads.nvcs / (t - switches_since), 2) if switches else None,
             socket_fds=len(sockets),
             client_conns=conns,
         )
         self.recent.append(tick)
-        self._rows, self._rows_t, self._last_threads = rows, t, None
+        self._rows, self._rows_t, self._last_threads = threads.rows, t, None
         if self._proc_csv is not None and self._thr_csv is not None:
-            self._thr_csv.write_lines(lines)
+            self._thr_csv.write_lines(threads.lines or [])
             self._proc_csv.write([tick.as_row()])
         return tick
-
-    def _sample_thread(
-        self,
-        pid: int,
-        task: _Task,
-        raw: bytes | None,
-        t: float,
-        dt: float | None,
-        emit: bool,
-        rows: list[ThreadRow | tuple],
-        lines: list[str] | None,
-        cs: list[int],
-    ) -> bool:
-        """Read a thread that may have run since the last tick (``raw``: its schedstat
-        text, None without schedstat) into ``task``; append its row when there is a
-        baseline. False when the thread is gone."""
-        task.idle = None  # it ran: its CPU number or name may change
-        sched = procfs.parse_schedstat(raw)
-        old = task.counters
-        files = self._files
-        if (
-            sched is not None
-            and old is not None
-            and old.run_ns == sched[0]
-            and old.pcount == sched[2]
-        ):
-            # Not scheduled in since the last tick: utime, stime and the switch counts
-            # cannot have moved, so skip the stat and status reads (most threads of an
-            # idle pool). Run-queue wait is only accounted when a thread is picked.
-            cur = _Thread(*old[:7], sched[1], *old[8:])
-        else:
-            st = procfs.parse_stat_or_none(files.read(task.stat))
-            if st is None:
-                return False
-            ctx = procfs.parse_ctxt(files.read(task.status)) or (0, 0)
-            cur = _Thread(
-                st.starttime, st.name, st.processor, st.utime, st.stime, st.guest,
-                sched[0] if sched else None, sched[1] if sched else None,
-                sched[2] if sched else None, ctx[0], ctx[1],
-            )  # fmt: skip
-            if old is not None and old.starttime != cur.starttime:
-                old = None  # the TID was reused by a new thread
-        task.counters = cur
-        task.sched_raw = raw if sched is not None else None
-        if old is None:
-            if self._t_prev is None or cur.starttime < self._boot_prev:
-                return True  # first sight of an older thread: baseline only
-            old = _ZERO  # born since the last tick: all its counters fell in this interval
-        if not dt or dt <= 0:
-            return True
-        d_vcs, d_nvcs = cur.vcs - old.vcs, cur.nvcs - old.nvcs
-        cs[0] += d_vcs
-        cs[1] += d_nvcs
-        if emit:
-            scale = 100.0 / (HZ * dt)
-            d_u, d_s, d_g = cur.utime - old.utime, cur.stime - old.stime, cur.guest - old.guest
-            wait = None
-            if cur.wait_ns is not None and old.wait_ns is not None:
-                wait = (cur.wait_ns - old.wait_ns) / 1e7 / dt
-            row = ThreadRow(
-                t, pid, task.tid, cur.starttime, cur.name, max(0, d_u - d_g) * scale,
-                d_s * scale, d_g * scale, wait, (d_u + d_s) * scale, cur.processor,
-                d_vcs / dt, d_nvcs / dt,
-            )  # fmt: skip
-            rows.append(row)
-            if lines is not None:
-                lines.append(row.csv_line())
-        return True
 
     def close(self) -> None:
         self._files.close()

@@ -36,6 +36,10 @@ class SamplerConfig:
     duration_s: float | None = None
     include_children: bool = True
     uss_every_s: float = 10.0
+    # seconds between reads of the threads' context-switch counts (their status files,
+    # the sampler's dearest read); the switch columns are empty between (0: every tick;
+    # a --live table reads them every tick)
+    switches_every_s: float = 5.0
     metrics_url: str | None = None
     metrics_interval_s: float | None = None  # default: interval_s
     metrics_match: str = DEFAULT_MATCH
@@ -52,6 +56,10 @@ class SamplerConfig:
     def validate(self) -> SamplerConfig:
         if not self.interval_s > 0:
             raise ConfigError(f"--interval has value {self.interval_s}. Valid: seconds > 0")
+        if not self.switches_every_s >= 0:
+            raise ConfigError(
+                f"switches_every_s has value {self.switches_every_s}. Valid: seconds >= 0"
+            )
         if self.duration_s is not None and not self.duration_s > 0:
             raise ConfigError(f"--duration has value {self.duration_s}. Valid: seconds > 0")
         if self.pid is None and self.pid_file is None:
@@ -113,6 +121,7 @@ class SamplingSession:
             self.out,
             include_children=config.include_children,
             uss_every_s=config.uss_every_s,
+            switches_every_s=0.0 if live is not None else config.switches_every_s,
             # the harness's own connections to the server: the load generator's and this
             # sampler's (its metrics scrapes; without a metrics URL it has none, and its
             # fd table — one fd per /proc file it keeps open — is not listed)
@@ -214,6 +223,8 @@ class SamplingSession:
             "config": asdict(self.config),
             "hz": HZ,
             "has_schedstat": self.process.has_schedstat,
+            # threads.csv / process.csv switch columns are filled this often (0: every tick)
+            "switches_every_s": self.process.switches_every_s,
             "cores": {"sut": self.sut_cores, "system": self.system.cores},
             "started_unix": s.started_unix,
             "stopped_unix": stopped,

@@ -101,7 +101,7 @@ def _threads_top(path: Path, top: int) -> list[dict]:
         a = acc.get(key)
         if a is None:
             a = acc[key] = {"name": r["name"], "n": 0, "cpu": 0.0, "max": 0.0, "wait": 0.0,
-                            "nwait": 0, "cs": 0.0, "ncs": 0.0}  # fmt: skip
+                            "nwait": 0, "cs": 0.0, "ncs": 0.0, "ncsw": 0}  # fmt: skip
         cpu = float(r["cpu_pct"])
         a["name"] = r["name"]  # the latest name (threads may rename themselves)
         a["n"] += 1
@@ -110,8 +110,12 @@ def _threads_top(path: Path, top: int) -> list[dict]:
         if r["wait_pct"] != "":
             a["wait"] += float(r["wait_pct"])
             a["nwait"] += 1
-        a["cs"] += float(r["cswch_s"])
-        a["ncs"] += float(r["nvcswch_s"])
+        # switch rates are on the sampler's switch ticks only (empty between): the mean
+        # is over the rows that have them, each a rate since the thread's previous one
+        if r["cswch_s"] != "":
+            a["cs"] += float(r["cswch_s"])
+            a["ncs"] += float(r["nvcswch_s"] or 0.0)
+            a["ncsw"] += 1
     chosen = sorted(acc, key=lambda k: acc[k]["cpu"] / acc[k]["n"], reverse=True)[:top]
     # Pass 2: the series of the chosen threads only.
     want = set(chosen)
@@ -133,8 +137,8 @@ def _threads_top(path: Path, top: int) -> list[dict]:
                 "cpu_pct_mean": round(a["cpu"] / a["n"], 2),
                 "cpu_pct_max": a["max"],
                 "wait_pct_mean": round(a["wait"] / a["nwait"], 2) if a["nwait"] else None,
-                "cswch_s_mean": round(a["cs"] / a["n"], 2),
-                "nvcswch_s_mean": round(a["ncs"] / a["n"], 2),
+                "cswch_s_mean": round(a["cs"] / a["ncsw"], 2) if a["ncsw"] else None,
+                "nvcswch_s_mean": round(a["ncs"] / a["ncsw"], 2) if a["ncsw"] else None,
                 "series": series[k],
             }
         )
