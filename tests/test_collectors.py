@@ -432,3 +432,23 @@ def test_a_tick_that_raises_is_recorded_and_the_sampler_goes_on(tmp_path, monkey
         server, None, run_start_unix=server["started_unix"], run_s=2.0, needed={}
     )
     assert reason and "10 sampler tick(s) raised" in reason and "ValueError" in reason
+
+
+def test_threads_top_switch_means_are_over_the_ticks_that_read_them(tmp_path):
+    from harness.collectors.process import THREAD_COLUMNS
+    from harness.collectors.samples import _threads_top
+
+    # t,pid,tid,start_ticks,name,usr,system,guest,wait,cpu,cpu#,cswch_s,nvcswch_s
+    lines = [
+        "1.0,7,8,100,a,10.00,0.00,0.00,0.00,10.00,0,,",
+        "2.0,7,8,100,a,20.00,0.00,0.00,0.00,20.00,0,150.00,6.00",
+        "3.0,7,8,100,a,30.00,0.00,0.00,0.00,30.00,0,,",
+        "4.0,7,8,100,a,40.00,0.00,0.00,0.00,40.00,0,50.00,2.00",
+        "1.0,7,9,100,b,1.00,0.00,0.00,0.00,1.00,1,,",
+    ]
+    path = tmp_path / "threads.csv"
+    path.write_text(",".join(THREAD_COLUMNS) + "\n" + "\n".join(lines) + "\n")
+    a, b = _threads_top(path, 5)
+    assert (a["tid"], a["cpu_pct_mean"]) == (8, 25.0)  # CPU over every row
+    assert (a["cswch_s_mean"], a["nvcswch_s_mean"]) == (100.0, 4.0)  # over the 2 read
+    assert (b["tid"], b["cswch_s_mean"], b["nvcswch_s_mean"]) == (9, None, None)
