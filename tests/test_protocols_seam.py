@@ -265,3 +265,45 @@ def test_every_command_that_reaches_a_server_takes_protocol(tmp_path: Path) -> N
         assert r.returncode == 2, (name, r.stdout, r.stderr)
         assert "--protocol has value 'nope'; valid: kserve-v2" in r.stderr, (name, r.stderr)
         assert not (tmp_path / "o").exists(), name
+
+
+def test_a_protocol_of_ones_own_keeps_working_without_the_batch_and_data_keywords(
+    tmp_path: Path,
+) -> None:
+    """``resolve_inputs`` gets ``batch_size`` / ``input_data`` only when the user sets
+    them: a protocol that does not declare them resolves as before, and is refused with
+    the option's name when one is set; one that declares them gets their values."""
+    import dataclasses
+
+    import configargparse
+
+    from harness.load.options import add_options, options_from
+    from harness.load.preparation import resolve_inputs
+
+    parser = configargparse.ArgumentParser()
+    add_options(parser)
+    opts = options_from(parser.parse_args([], env_vars={}))
+    toy = EchoProtocol()
+    assert resolve_inputs(toy, {"width": 4}, "echo", opts) == 4
+    data = tmp_path / "data.json"
+    data.write_text('{"data": [{"x": [1, 2, 3, 4]}]}')
+    for change, flag in (
+        ({"batch_size": 4}, "--batch-size"),
+        ({"input_data": str(data)}, "--input-data"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            resolve_inputs(toy, {"width": 4}, "echo", dataclasses.replace(opts, **change))
+        assert str(err.value).startswith(
+            f"{flag} is set, but the toy-echo protocol does not take it"
+        )
+
+    class BatchingEcho(EchoProtocol):
+        def resolve_inputs(self, meta, model, input_options=(), sample_request=None, **kw):
+            return (int(meta["width"]), kw)
+
+    batched = dataclasses.replace(opts, batch_size=4)
+    assert resolve_inputs(BatchingEcho(), {"width": 4}, "echo", batched) == (4, {"batch_size": 4})
+    v2 = protocols.get("kserve-v2")
+    meta = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 8]}]}
+    template = resolve_inputs(v2, meta, "mlp", batched)
+    assert v2.generate_inputs(template, 2, seed=1)[0][0]["shape"] == [4, 8]
