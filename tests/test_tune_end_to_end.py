@@ -2,12 +2,12 @@
 
 A 1-D space of three configurations (1, 2 or 3 workers of the simulated model at max
 batch 4: its batches sleep 15 ms + 0.3 ms a row, so the peaks differ by configuration and
-not by how busy the CI box is), short points (confidence 0.5: 168 requests a point), a
-25 % resolution, one outcome per rate, a planted regression on the configuration that
-would otherwise be fastest (``--fault no-batching`` appended to workers=3): the tune must
-not recommend it, must recommend the second worker over the default, write its reports,
-and a second invocation with the same arguments must resume from the state file without
-measuring.
+not by how busy the CI box is), short points (confidence 0.5: 168 requests a point, at
+least 1 s after a 0.5 s warm-up), a 25 % resolution, one outcome per rate, a planted
+regression on the configuration that would otherwise be fastest (``--fault no-batching``
+appended to workers=3): the tune must not recommend it, must recommend the second worker
+over the default, write its reports, and a second invocation with the same arguments must
+resume from the state file without measuring.
 
 Why 25 %, one repeat and 7 points: a configuration is ranked on its peak only when its
 search ended at its edge (a bracket within the tolerance), and ranks below another only
@@ -58,9 +58,9 @@ def _argv(out: Path) -> list[str]:
         "--confidence",
         "0.5",
         "--warmup-s",
-        "1",
+        "0.5",
         "--min-point-s",
-        "1.5",
+        "1",
         "--tolerance",
         "0.25",
         "--max-points",
