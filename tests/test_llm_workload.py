@@ -28,6 +28,7 @@ from harness.load.llm_workload import (
     requests_from_plan,
 )
 from harness.load.llm_workload_lengths import parse_length
+from harness.load.llm_workload_text import extended_count
 from harness.protocols.openai import reference_expectation
 from reference_server.llm.kv_cache import block_hashes
 from reference_server.llm.tokens import chat_prompt, count_tokens, token_ids
@@ -312,12 +313,26 @@ def test_a_conversation_takes_any_answer_text_and_counts_its_prompt_exactly() ->
     assert second.body["messages"][1]["content"] == "Sure!  Here's an answer:\n\n1. one\n"
     with pytest.raises(ValueError, match="previous answer"):
         conv.next_request(None)
-    conv.next_request("ok")
+    third = conv.next_request("\n  starts and ends with whitespace  ")
+    assert count_tokens(chat_prompt(third.body["messages"])) == third.prompt_tokens
     assert conv.done
     with pytest.raises(ValueError, match="has had its 3 turns"):
         conv.next_request("ok")
     with pytest.raises(ValueError, match="pass None for the first turn"):
         Conversation(plan, 0, "m").next_request("an answer before any question")
+
+
+def test_counting_only_the_new_part_of_a_prompt_gives_the_whole_count() -> None:
+    rng = random.Random("extended-count")
+    alphabet = ["ab", "Zeta", " x", "12345", "!?", " ", "  ", "\n", "\n\n", "<|", "|>", "é"]
+    for _ in range(2000):
+        prefix = "".join(rng.choices(alphabet, k=rng.randrange(0, 8)))
+        if rng.random() < 0.5:
+            prefix += "|>\n"  # the end of a rendered chat prompt
+        rest = "".join(rng.choices(alphabet, k=rng.randrange(0, 8)))
+        text = prefix + rest if rng.random() < 0.9 else rest + prefix
+        got = extended_count(prefix, count_tokens(prefix), text)
+        assert got == count_tokens(text), (prefix, rest)
 
 
 # -- the user's JSONL ---------------------------------------------------------------------

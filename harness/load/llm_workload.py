@@ -31,6 +31,7 @@ of (seed, ``i``, its lengths) only.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -254,8 +255,13 @@ def shared_prefix(plan: Mapping[str, Any], group: int) -> str:
     """Group ``group``'s shared text: the system message's content (chat), or the start of
     the prompt (completions). Its first word is the group's own, so no two groups share
     a block."""
-    n = plan["prefix_tokens"] - (tx.SHARED_OVERHEAD if plan["api"] == "chat" else 0)
-    rng = random.Random(f"harness-llm-workload/{plan['seed']}/prefix/{group}")
+    return _shared_prefix(plan["seed"], plan["api"], plan["prefix_tokens"], group)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_prefix(seed: int, api: str, prefix_tokens: int, group: int) -> str:
+    n = prefix_tokens - (tx.SHARED_OVERHEAD if api == "chat" else 0)
+    rng = random.Random(f"harness-llm-workload/{seed}/prefix/{group}")
     return tx.text_of([tx.VOCABULARY[group % len(tx.VOCABULARY)], *tx.words(rng, n - 1)])
 
 
@@ -284,7 +290,7 @@ class Conversation:
         self.turns: list[list[int]] = plan["conversations"][index]
         self.messages: list[dict[str, Any]] = []
         self.turn = 0  # requests built so far
-        self._prompt_tokens = 0
+        self._prompt_text, self._prompt_tokens = "", 0  # the last request's rendered prompt
 
     @property
     def done(self) -> bool:
@@ -300,13 +306,15 @@ class Conversation:
         n_in, n_out = self.turns[self.turn]
         if previous_answer is not None:
             self.messages.append({"role": "assistant", "content": previous_answer})
-        target = self._prompt_tokens + (count_tokens(previous_answer or "")) + n_in
+        target = self._prompt_tokens + count_tokens(previous_answer or "") + n_in
         rng = random.Random(
             f"harness-llm-workload/{self.plan['seed']}/conversation/{self.index}/{self.turn}"
         )
-        one = count_tokens(chat_prompt([*self.messages, tx.user_message("ba")]))
+        one_word = chat_prompt([*self.messages, tx.user_message(tx.MARK)])
+        one = tx.extended_count(self._prompt_text, self._prompt_tokens, one_word)
         words = tx.words(rng, max(1, target - one + 1))
         self.messages.append(tx.user_message(tx.text_of(words)))
+        self._prompt_text = chat_prompt(self.messages)
         self._prompt_tokens = one - 1 + len(words)
         self.turn += 1
         body = chat_body(self.model, self.messages, _generation(self.plan, n_out))

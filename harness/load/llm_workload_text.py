@@ -14,10 +14,10 @@ from typing import Any
 
 from reference_server.llm.tokens import VOCABULARY, chat_prompt, count_tokens
 
-_MARK = "ba"  # a vocabulary word: one token, never merged with the template's "\n"
+MARK = "ba"  # a vocabulary word: one token, never merged with the template's "\n"
 
 
-def _split_counts(messages: list[dict[str, str]], mark: str = _MARK) -> tuple[int, int]:
+def _split_counts(messages: list[dict[str, str]], mark: str = MARK) -> tuple[int, int]:
     """(tokens before, tokens after) the one content equal to ``mark`` in the render."""
     text = chat_prompt(messages)
     before, after = text.split(mark)
@@ -26,16 +26,33 @@ def _split_counts(messages: list[dict[str, str]], mark: str = _MARK) -> tuple[in
 
 
 # a chat request with one user message: <|user|>\n CONTENT \n<|assistant|>\n
-USER_OPEN, USER_CLOSE = _split_counts([{"role": "user", "content": _MARK}])
+USER_OPEN, USER_CLOSE = _split_counts([{"role": "user", "content": MARK}])
 CHAT_OVERHEAD = USER_OPEN + USER_CLOSE
 # a shared system prompt: <|system|>\n SYSTEM \n<|user|>\n — the part every request of a
 # group repeats — has the system words plus SHARED_OVERHEAD tokens
 SHARED_OVERHEAD = (
-    _split_counts([{"role": "system", "content": _MARK}, {"role": "user", "content": "be"}], "be")[
-        0
-    ]
+    _split_counts([{"role": "system", "content": MARK}, {"role": "user", "content": "be"}], "be")[0]
     - 1
 )
+
+
+def extended_count(prefix: str, prefix_count: int, text: str) -> int:
+    """``count_tokens(text)`` for a ``text`` that may start with ``prefix`` (whose count is
+    ``prefix_count``): only the rest is tokenized when no token can span the boundary —
+    ``prefix`` ends in a lone newline after a non-space and the rest starts with a
+    non-space, or with one space then a non-space (the reference server's answers), as
+    each chat turn's rendered prompt extends the one before."""
+    rest = text[len(prefix) :]
+    head = rest[1:2] if rest[:1] == " " else rest[:1]
+    if (
+        prefix.endswith("\n")
+        and not prefix[-2:-1].isspace()
+        and head
+        and not head.isspace()
+        and text.startswith(prefix)
+    ):
+        return prefix_count + count_tokens(rest)
+    return count_tokens(text)
 
 
 def words(rng: random.Random, n: int) -> list[str]:
