@@ -626,10 +626,14 @@ def test_an_https_agent_answers_a_master_that_trusts_its_ca_only(tmp_path, monke
             AgentClient(url, TOKEN).call("GET", "info")
         assert AgentClient(url, TOKEN, ca_cert=str(certs["ca"])).call("GET", "info")["netns"]
         monkeypatch.setenv("HARNESS_AGENT_CA_CERT", str(certs["ca"]))  # as Locust gets it
-        assert AgentClient(url, TOKEN).call("GET", "info")["allow"] == list(running.agent.config.allow)
+        assert AgentClient(url, TOKEN).call("GET", "info")["allow"] == list(
+            running.agent.config.allow
+        )
         # a plain-HTTP client on the HTTPS port is dropped, and the agent serves on
         with pytest.raises(ConfigError, match="unreachable"):
             AgentClient(running.url, TOKEN, timeout_s=5).call("GET", "info")
-        assert AgentClient(url, TOKEN).call("GET", "info")["allow"] == list(running.agent.config.allow)
+        assert AgentClient(url, TOKEN).call("GET", "info")["allow"] == list(
+            running.agent.config.allow
+        )
     finally:
         stop()
