@@ -1,7 +1,8 @@
 """Benchmark of the LLM reference server (``python -m reference_server --api openai``):
 how faithfully it follows its cost model, and what its streaming costs.
 
-    python bench/llm_server.py [--only fidelity,knee,prefix,cost] [--rate-seconds 20]
+    python bench/llm_server.py [--only fidelity,knee,prefix,cost,timer] [--rate-seconds 20]
+        [--record-timings]
 
 Prints, with its conditions:
   * fidelity: at concurrency 1, median TTFT and TPOT against the cost model's
@@ -12,7 +13,9 @@ Prints, with its conditions:
     the saturation the cost model and max_num_seqs predict;
   * prefix: 1024-token prompts whose first S tokens are shared: hit rate and TTFT;
   * cost: tokens/s streamed at one token per event with --time-scale 0 (no modelled
-    time: the server's CPU is the limit), and the server's CPU seconds per 1,000 tokens.
+    time: the server's CPU is the limit), and the server's CPU seconds per 1,000 tokens;
+  * timer: how late the step loop's wait (a timerfd at an absolute deadline) and
+    asyncio.sleep wake under uvloop, in this process (no server).
 
 The client is one asyncio process of raw HTTP/1.0 sockets on the same box (loopback).
 """
@@ -45,6 +48,7 @@ from reference_server.llm.tokens import VOCABULARY, count_tokens
 
 D = LLMConfig()
 MODEL = D.model_name
+SERVER_ARGS: list[str] = []  # added to every server's command line (--record-timings)
 
 
 def step_s(prefill: int, decodes: int, scale: float = D.time_scale) -> float:
@@ -105,7 +109,7 @@ def scrape(srv: ServerHandle) -> dict[str, float]:
 
 
 def started(*args: str):
-    srv_cm = start_server("--api", "openai", *args, wait_for_ready=False)
+    srv_cm = start_server("--api", "openai", *args, *SERVER_ARGS, wait_for_ready=False)
     srv = srv_cm.__enter__()
     wait_until(lambda: http_status(srv.url, "/health", timeout=1.0) == 200, timeout=30)
     return srv_cm, srv
@@ -262,19 +266,53 @@ def cost(clients: int, seconds: float) -> None:
           f"server CPU-second); client CPU {client_cpu / wall:.0%}")  # fmt: skip
 
 
+# -- timer ----------------------------------------------------------------------------
+
+
+def timer(n: int, wait_s: float = 0.0123) -> None:
+    import uvloop
+
+    from reference_server.llm.timer import DeadlineTimer
+
+    async def lateness(use_timerfd: bool) -> list[float]:
+        t, out = DeadlineTimer(), []
+        try:
+            for _ in range(n):
+                deadline = time.monotonic() + wait_s
+                if use_timerfd:
+                    await t.wait_until(deadline)
+                else:
+                    await asyncio.sleep(deadline - time.monotonic())
+                out.append(time.monotonic() - deadline)
+        finally:
+            t.close()
+        return out
+
+    for name, use_timerfd in (("asyncio.sleep", False), ("timerfd", True)):
+        late = uvloop.run(lateness(use_timerfd))
+        print(f"  {name:14s} {n} waits of {wait_s * 1e3:.1f} ms, lateness p1 "
+              f"{pct(late, 0.01) * 1e3:+.2f} ms  p50 {pct(late, 0.5) * 1e3:+.2f} ms  p99 "
+              f"{pct(late, 0.99) * 1e3:+.2f} ms")  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="fidelity,knee,prefix,cost")
+    p.add_argument("--only", default="fidelity,knee,prefix,cost,timer")
     p.add_argument("--rates", default="2,4,6,7,8,10,12")
     p.add_argument("--rate-seconds", type=float, default=20.0)
     p.add_argument("--cost-seconds", type=float, default=10.0)
+    p.add_argument(
+        "--record-timings", action="store_true", help="start the servers with --record-timings"
+    )
     args = p.parse_args()
+    if args.record_timings:
+        SERVER_ARGS.append("--record-timings")
     only = set(args.only.split(","))
     print(f"LLM reference server, defaults: time_scale {D.time_scale}, β = ({D.beta0_ms} ms, "
           f"{D.beta1_us} µs/prefill token, {D.beta2_us} µs/decoding seq), max_num_seqs "
           f"{D.max_num_seqs}, max_num_batched_tokens {D.max_num_batched_tokens}, KV "
           f"{D.kv_blocks} x {D.block_size}; {psutil.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}")  # fmt: skip
+          f"{platform.python_version()}{'; --record-timings' if SERVER_ARGS else ''}")  # fmt: skip
     if "fidelity" in only:
         print("fidelity at concurrency 1 (20 requests, medians):")
         fidelity(20)
@@ -287,6 +325,9 @@ def main() -> int:
     if "cost" in only:
         print("streaming cost (--time-scale 0):")
         cost(64, args.cost_seconds)
+    if "timer" in only:
+        print("the step loop's timer against asyncio.sleep, under uvloop:")
+        timer(200)
     return 0
 
 
