@@ -6,7 +6,9 @@ how faithfully it follows its cost model, and what its streaming costs.
 
 Prints, with its conditions:
   * fidelity: at concurrency 1, median TTFT and TPOT against the cost model's
-    time_scale x (β0 + β1·prefill tokens + β2·decoding sequences);
+    time_scale x (β0 + β1·prefill tokens + β2·decoding sequences); with
+    --record-timings also the client's readings against the server's timestamps
+    (GET /debug/timings): the trip in, the server's part of TTFT, the trip out;
   * knee: open-loop Poisson arrivals at rising rates (prompts 156-356 tokens, outputs
     78-178, ignore_eos): TTFT p50/p99, output tokens/s, 429s, and the step loop's
     timing error (actual minus modelled step end, from the server's histogram), against
@@ -127,19 +129,57 @@ def fidelity(n: int) -> None:
     cm, srv = started()
     try:
         rng = random.Random(1)
-        ttft, tpot = [], []
+        ttft, tpot, streams = [], [], []
         for _ in range(n):
             s = asyncio.run(stream(srv.port, words(rng, 256), 64))
+            streams.append(s)
             ttft.append(s.token_times[0] - s.sent)
             tpot.append((s.token_times[-1] - s.token_times[0]) / (len(s.token_times) - 1))
+        records = server_timings(srv) if SERVER_ARGS else None
     finally:
         cm.__exit__(None, None, None)
+    if records is not None:
+        against_server(streams, records)
     for name, got, want in (
         ("TTFT (256-token prompt)", statistics.median(ttft), step_s(256, 0)),
         ("TPOT (1 sequence)", statistics.median(tpot), step_s(0, 1)),
     ):
         print(f"  {name:26s} measured {got * 1e3:7.2f} ms   model {want * 1e3:7.2f} ms   "
               f"{(got / want - 1) * 100:+5.1f} %")  # fmt: skip
+
+
+def server_timings(srv: ServerHandle) -> list[dict]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    try:
+        conn.request("GET", "/debug/timings")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+def against_server(streams: list[Stream], records: list[dict]) -> None:
+    """The client's readings against the server's timestamps (the same clock: the
+    client's perf_counter and the server's monotonic_ns are both CLOCK_MONOTONIC)."""
+    assert len(records) == len(streams)  # sequential requests: the same order
+    into, server, out, gap = [], [], [], []
+    for s, r in zip(streams, records, strict=True):
+        writes = [t / 1e9 for t, _ in r["events"]]
+        into.append(r["arrival_ns"] / 1e9 - s.sent)
+        server.append(writes[0] - r["arrival_ns"] / 1e9)
+        out.append(s.token_times[0] - writes[0])
+        gap += [
+            abs((b - a) - (y - x))
+            for a, b, x, y in zip(
+                s.token_times, s.token_times[1:], writes, writes[1:], strict=False
+            )
+        ]
+    print(f"  against --record-timings (medians): send to server arrival "
+          f"{statistics.median(into) * 1e3:.2f} ms, arrival to first write "
+          f"{statistics.median(server) * 1e3:.2f} ms, first write to client read "
+          f"{statistics.median(out) * 1e3:.2f} ms; |client gap - server gap| "
+          f"{statistics.median(gap) * 1e3:.3f} ms (p99 {pct(gap, 0.99) * 1e3:.3f} ms)")  # fmt: skip
 
 
 # -- knee -----------------------------------------------------------------------------
