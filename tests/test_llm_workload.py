@@ -257,6 +257,21 @@ def test_a_group_shares_whole_blocks_of_prefix_and_nothing_more(api) -> None:
         ({"inputs": "128"}, "did you mean 'input'"),
         ({"requests": 0}, "must be > 0"),
         ({"output": "normal:mean=5"}, "llm.output = 'normal:mean=5'"),
+        ({"max_context": 4096, "input": "normal:mean=9,stdev=9,min=16"}, "input has no max"),
+        ({"max_context": 2000, "input": 1000, "output": 1001}, "can reach 2001 tokens"),
+        (
+            {"workload": "shared_prefix", "max_context": 600, "input": 80, "output": 9},
+            "can reach 601 tokens",
+        ),
+        (
+            {"workload": "multi_turn", "max_context": 1000, "turns": "uniform:min=1,max=5"}
+            | {"input": 100, "output": 101},
+            "can reach 1005 tokens",
+        ),
+        (
+            {"workload": "multi_turn", "max_context": 9000, "turns": "normal:mean=3,stdev=1"},
+            "turns has no max",
+        ),
     ],
 )
 def test_a_workload_it_cannot_build_is_refused_before_the_load(table, says) -> None:
@@ -391,6 +406,19 @@ def test_a_bad_jsonl_line_is_named_by_file_and_line(tmp_path, line, says) -> Non
         _plan(workload="jsonl", file=str(path))
     message = str(err.value)
     assert message.startswith(f"{path}:3: ") and says in message and "\n" not in message
+
+
+def test_within_max_context_a_workload_builds_and_a_long_jsonl_line_is_named(tmp_path) -> None:
+    plan = _plan(workload="shared_prefix", max_context=601, input=80, output=9, requests=8)
+    assert max(r.prompt_tokens + r.max_tokens for r in requests_from_plan(plan, "m")) == 601
+    path = tmp_path / "long.jsonl"
+    path.write_text('{"prompt": "a b c", "max_tokens": 7}\n\n{"prompt": "a b c"}\n')
+    items = _plan(workload="jsonl", file=str(path), max_context=10, output=7)["items"]
+    assert [x["max_tokens"] for x in items] == [7, 7]  # 3 prompt tokens + 7: fits exactly
+    with pytest.raises(ConfigError, match=r"long.jsonl:3: 11 tokens .* > max_context 10"):
+        _plan(workload="jsonl", file=str(path), max_context=10, output=8)
+    with pytest.raises(ConfigError, match=r"long.jsonl:1: 10 tokens .* > max_context 9"):
+        _plan(workload="jsonl", file=str(path), max_context=9, output=1)
 
 
 def test_an_empty_or_missing_jsonl_file_is_refused(tmp_path) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.load import llm_workload_text as tx
-from harness.load.llm_workload_jsonl import read_jsonl
+from harness.load.llm_workload_jsonl import read_jsonl_lines
 from harness.load.llm_workload_lengths import LengthSpec, parse_length
 from harness.load.toml_table import Table
 from harness.protocols.openai import (
@@ -76,6 +76,7 @@ class WorkloadConfig:
     seed: int = 0
     ignore_eos: bool = True
     block_size: int = 16
+    max_context: int | None = None  # the server's context length: longer requests refused
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def config_from_table(data: Mapping[str, Any], src: str, where: str = "llm") -> 
         seed=t.number("seed", d.seed, integer=True),
         ignore_eos=t.boolean("ignore_eos", d.ignore_eos),
         block_size=t.number("block_size", d.block_size, positive=True, integer=True),
+        max_context=t.number("max_context", None, positive=True, integer=True),
     )
     check(cfg, f"{src}: {where}")
     return cfg
@@ -157,6 +159,32 @@ def check(cfg: WorkloadConfig, where: str = "llm") -> None:
             f"{where}.input = {cfg.input.text!r} can draw {cfg.input.low} tokens; the "
             f"{cfg.workload} workload needs at least {least} ({why}): raise its min"
         )
+    if cfg.max_context is not None:
+        _check_context(cfg, where)
+
+
+def _check_context(cfg: WorkloadConfig, where: str) -> None:
+    """ConfigError when a request can hold more than ``max_context`` tokens (prompt and
+    ``max_tokens``; a multi-turn conversation's answers counted at ``max_tokens``)."""
+    highs = {"input": cfg.input.high, "output": cfg.output.high}
+    if cfg.workload == "multi_turn":
+        highs["turns"] = cfg.turns.high
+    unbounded = [k for k, v in highs.items() if v is None]
+    if unbounded:
+        raise ConfigError(
+            f"{where}.{unbounded[0]} has no max, so it can pass max_context "
+            f"({cfg.max_context}); give the spec a max"
+        )
+    most = (cfg.input.high or 0) + (cfg.output.high or 0)
+    if cfg.workload == "shared_prefix":
+        most += cfg.prefix_tokens
+    elif cfg.workload == "multi_turn":
+        most *= cfg.turns.high or 1
+    if most > (cfg.max_context or 0):
+        raise ConfigError(
+            f"{where}: a request can reach {most} tokens (prompt and max_tokens) > "
+            f"max_context {cfg.max_context}; lower the input, output or turns max"
+        )
 
 
 def build_plan(cfg: WorkloadConfig) -> dict[str, Any]:
@@ -191,11 +219,25 @@ def build_plan(cfg: WorkloadConfig) -> dict[str, Any]:
             for _ in range(cfg.conversations)
         ]
     else:
-        items = read_jsonl(Path(cfg.file or ""))
-        for item in items:
+        items = []
+        for line, item in read_jsonl_lines(Path(cfg.file or "")):
             item.setdefault("max_tokens", cfg.output.draw(rng))
+            _check_item_context(cfg, item, line)
+            items.append(item)
         plan["items"] = items
     return plan
+
+
+def _check_item_context(cfg: WorkloadConfig, item: Mapping[str, Any], line: int) -> None:
+    if cfg.max_context is None:
+        return
+    text = chat_prompt(item["messages"]) if "messages" in item else item["prompt"]
+    n = count_tokens(text) + item["max_tokens"]
+    if n > cfg.max_context:
+        raise ConfigError(
+            f"{cfg.file}:{line}: {n} tokens (prompt and max_tokens) > "
+            f"max_context {cfg.max_context}; shorten it or lower its max_tokens"
+        )
 
 
 def _checked(plan: Mapping[str, Any], *workloads: str) -> Mapping[str, Any]:

@@ -29,6 +29,11 @@ KEYS = ("messages", "prompt", "max_tokens", "priority", "class")
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The file's requests, in order, each a dict with ``messages`` or ``prompt`` and the
     optional keys it had (JSON-able: they go in the plan as they are)."""
+    return [item for _, item in read_jsonl_lines(path)]
+
+
+def read_jsonl_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``read_jsonl`` with each request's line number (from 1)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -39,7 +44,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     out = []
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            out.append(_item(line, f"{p}:{number}"))
+            out.append((number, _item(line, f"{p}:{number}")))
     if not out:
         raise ConfigError(f"{p}: no requests; write one JSON object a line, e.g. {_EXAMPLE}")
     return out
