@@ -1,7 +1,7 @@
 """Two hosts without a second machine: two Linux network namespaces joined by a
 veth pair. The "server host" runs the reference server and ``harness agent``; the "load
 host" runs a Locust master and one worker that reach the server only across the link,
-with ``--agent``. A short soak and a contention scenario run across the link; each must
+with ``--agent`` (HTTPS: the agent refuses a non-loopback address without TLS). A short soak and a contention scenario run across the link; each must
 pass as the healthy server passes them on one host (the quick acceptance run and the
 detection matrix's controls judge them there), with every check measured: the agent's
 samples must be in the results, and the hogs must have run on the server's side.
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, locust_cmd, scenario_result, stop
+from harness.testing.tls import make_certs
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +53,8 @@ def _why_not() -> str | None:
         return "building network namespaces needs root (CI runs as root)"
     if shutil.which("ip") is None:
         return "needs iproute2's `ip` to build network namespaces"
+    if shutil.which("openssl") is None:
+        return "needs the openssl CLI for the agent's throwaway certificate"
     probe = f"h13probe{os.getpid()}"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
@@ -70,6 +73,7 @@ class Hosts:
     load_ns: str
     procs: list[subprocess.Popen]
     server: subprocess.Popen | None = None
+    agent_ca: Path | None = None  # the CA that signed the agent's certificate
 
     def popen(self, ns: str, cmd: list[str], core: int | None = None, **kw) -> subprocess.Popen:
         """``cmd`` inside namespace ``ns`` (``ip netns exec`` and ``taskset`` exec into
@@ -115,6 +119,8 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
     h = Hosts(f"h13srv{tag}", f"h13lg{tag}", [])
     veth_s, veth_l = f"h13s{tag}", f"h13l{tag}"
     logs = tmp_path_factory.mktemp("netns-logs")
+    certs = make_certs(logs / "pki", ips=(SERVER_IP,))
+    h.agent_ca = certs["ca"]
     try:
         _ip("netns", "add", h.server_ns)
         _ip("netns", "add", h.load_ns)
@@ -154,8 +160,11 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
                 str(AGENT_PORT),
                 "--dir",
                 str(logs / "agent"),
-                # a veth link inside this machine: nothing else is on the path
-                "--plain-http",
+                # the agent listens where the other host reaches it: over TLS, as it must
+                "--tls-cert",
+                str(certs["cert"]),
+                "--tls-key",
+                str(certs["key"]),
             ],
             env={**os.environ, "HARNESS_AGENT_TOKEN": TOKEN},
             stdout=open(logs / "agent.log", "wb"),  # noqa: SIM115
@@ -221,8 +230,9 @@ def _run(hosts: Hosts, ns: str, scenario: str, out: Path, agent: bool) -> dict:
         args += ["--capacity-rps", f"{_PINNED['capacity']:.1f}"]
     env = dict(os.environ)
     if agent:
-        args += ["--agent", f"http://{SERVER_IP}:{AGENT_PORT}"]
+        args += ["--agent", f"https://{SERVER_IP}:{AGENT_PORT}"]
         env["HARNESS_AGENT_TOKEN"] = TOKEN
+        env["HARNESS_AGENT_CA_CERT"] = str(hosts.agent_ca)
     master = hosts.popen(
         ns,
         locust_cmd(*args),
