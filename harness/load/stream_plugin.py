@@ -131,6 +131,14 @@ def _on_init(environment: Any, **_: Any) -> None:
         runner.register_message(FINAL_MESSAGE, on_final)
 
 
+@events.test_start.add_listener
+def _on_test_start(environment: Any, **_: Any) -> None:
+    """A new test (the web UI's next run): a fresh engine and fresh statistics."""
+    if id(environment) in _gathered:
+        StreamingUser.forget_engine(environment)
+        _gathered[id(environment)] = _Gathered()
+
+
 @events.test_stop.add_listener
 def _on_test_stop(environment: Any, **_: Any) -> None:
     gathered = _gathered.get(id(environment))

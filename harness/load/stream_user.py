@@ -286,6 +286,11 @@ class StreamingUser(User):
         return engine
 
     @classmethod
+    def forget_engine(cls, environment: Any) -> None:
+        """Drop ``environment``'s engine (finished); the next user builds a new one."""
+        StreamingUser._engines.pop(id(environment), None)
+
+    @classmethod
     def engine_of(cls, environment: Any) -> StreamEngine | None:
         """The engine of ``environment``'s process, if a user built one."""
         return StreamingUser._engines.get(id(environment))
