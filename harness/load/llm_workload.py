@@ -4,10 +4,11 @@ Four workloads (``WorkloadConfig.workload``):
 
 - ``synthetic`` — ``requests`` prompts whose token counts are drawn from ``input`` and
   whose ``max_tokens`` are drawn from ``output`` (``harness.load.llm_workload_lengths``);
-- ``shared_prefix`` — ``groups`` groups, each with a system prompt of ``prefix_tokens``
-  tokens (a multiple of ``block_size``, so a prefix cache reuses it whole) that all its
-  requests repeat, followed by a per-request suffix of ``input`` tokens; the requests of
-  the groups are interleaved in a seeded order;
+- ``shared_prefix`` — ``groups`` groups, each with a head of exactly ``prefix_tokens``
+  tokens (chat: the group's system prompt and the template around it; a multiple of
+  ``block_size``, so a prefix cache reuses it whole) that all its requests repeat,
+  followed by a per-request suffix of ``input`` tokens; the requests of the groups are
+  interleaved in a seeded order;
 - ``multi_turn`` — ``conversations`` conversations of ``turns`` turns (a length spec
   too); each turn adds ``input`` tokens to the conversation and carries every earlier
   user message and the assistant's actual answer (``Conversation``);

@@ -16,6 +16,7 @@ Any other key, or a line that is not such an object, raises ``ConfigError`` nami
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def _item(line: str, where: str) -> dict[str, Any]:
     return doc
 
 
-def _check_messages(messages: Any, fail: Any) -> None:
+def _check_messages(messages: Any, fail: Callable[[str], ConfigError]) -> None:
     if not isinstance(messages, list) or not messages:
         raise fail("'messages' must be a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
