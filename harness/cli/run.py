@@ -48,9 +48,10 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         "--input",
         action="append",
         default=[],
-        metavar="NAME:DTYPE:SHAPE",
-        help="a model input, when the server's metadata lists none (repeatable), e.g. "
-        "--input input:FP32:1,256",
+        metavar="NAME:DTYPE:SHAPE[:LOW..HIGH]",
+        help="a model input, when the server's metadata lists none or to set its values' "
+        "half-open range (repeatable), e.g. --input input:FP32:1,256 or "
+        "--input ids:INT64:1,128:0..30522",
     )
     p.add_argument(
         "--sample-request",
