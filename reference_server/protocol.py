@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import numpy as np
+import orjson
 
 from reference_server.models import Model
 
@@ -61,11 +62,40 @@ def _uint_param(params: dict[str, Any], key: str) -> int | None:
     return value
 
 
+# Every byte a digit becomes "0", a "." stays, anything else becomes "x": an integer
+# token of 19 or more digits (the only kind that can fall outside a 64-bit integer) then
+# reads "x" + 19 zeros (or 19 zeros at the start); a fraction's digits follow a ".".
+_NUMBER_SHAPE = bytes(
+    ord("0") if chr(b) in "0123456789" else ord(".") if chr(b) == "." else ord("x")
+    for b in range(256)
+)
+_LONG_INT = b"x" + b"0" * 19
+
+
+def decode_json(body: bytes) -> Any:
+    """``json.loads(body)``: the same value or the same exception, at a fraction of the cost.
+
+    orjson parses the body when it can give what the standard library gives: it rejects
+    everything beyond strict UTF-8 JSON that ``json.loads`` accepts (NaN and Infinity,
+    numbers that overflow to infinity, lone surrogates, UTF-16/32 and BOMs, deep
+    nesting), so those go to ``json.loads``, as does any body with an integer of 19 or
+    more digits (orjson reads integers beyond 64 bits as floats). Floats are correctly
+    rounded by both, duplicate keys keep the last value in both.
+    """
+    shape = body.translate(_NUMBER_SHAPE)
+    if _LONG_INT not in shape and not shape.startswith(_LONG_INT[1:]):
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(body)
+
+
 def parse_infer_request(
     body: bytes, model: Model, levels: int, max_batch_size: int
 ) -> InferRequest:
     try:
-        doc = json.loads(body)
+        doc = decode_json(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(
             400, f"request body is not valid JSON ({exc}). Expected a JSON object."

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from reference_server.batcher import BatchCap, Batcher, BatcherConfig
 from reference_server.config import ConfigError, ServerConfig, parse_config
 from reference_server.fault_catalog import FaultSet, parse_faults
 from reference_server.models import MLPModel, SimModel
-from reference_server.protocol import priority_level
+from reference_server.protocol import decode_json, priority_level
 
 
 def item(level: int, t: float, n: int = 1) -> Pending:
@@ -413,3 +415,54 @@ def test_every_fault_name_round_trips_through_its_canonical_string() -> None:
     f = parse_faults(specs)
     assert f.names() == specs
     assert parse_faults(f.names()) == f
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id":"a","inputs":[{"data":[0.25,-1e-7,3,1.7976931348623157e308]}]}',
+        b'{"a":1,"a":2}',  # duplicate keys: the last one wins
+        b"[1e400, -1e400]",  # overflows to infinity in json, rejected by orjson
+        b"[NaN, Infinity, -Infinity]",
+        b"18446744073709551616",  # beyond 64 bits: json keeps the integer
+        b"-9223372036854775809",
+        b'{"timeout": 123456789012345678901234567890}',
+        b"[12345678901234567890.5, 0.00012345678901234567891]",  # 19+ digits, not integers
+        b'"\\ud800"',  # a lone surrogate
+        b"\xef\xbb\xbf{}",  # UTF-8 BOM
+        '{"x": 1}'.encode("utf-16-le"),
+        b"[" * 2000 + b"]" * 2000,  # deeper than orjson goes
+        b"",
+        b"{",
+        b'{"a": 1,}',
+        b"\xff",
+        b"[1, 2] x",
+    ],
+)
+def test_decode_json_gives_what_json_loads_gives(body: bytes) -> None:
+    """Same value (types and float bits included) or the same exception and message."""
+
+    def outcome(decode: Any) -> tuple[Any, ...]:
+        try:
+            value = decode(body)
+        except Exception as exc:  # the exception is the outcome compared
+            return type(exc), str(exc)
+        return "ok", repr(value), json.dumps(value, default=str)
+
+    assert outcome(decode_json) == outcome(json.loads)
+
+
+def test_decode_json_agrees_with_json_loads_on_random_numbers() -> None:
+    rng = np.random.default_rng(0)
+    values = np.concatenate(
+        [
+            rng.standard_normal(2000).astype(np.float32).astype(np.float64),
+            rng.standard_normal(2000) * 10.0 ** rng.integers(-30, 30, 2000),
+            rng.integers(-(2**62), 2**62, 2000).astype(np.float64),
+        ]
+    )
+    texts = [repr(float(v)) for v in values] + [f"{v:.25e}" for v in values[:2000]]
+    texts += [str(int(v)) for v in values[4000:]]
+    body = ("[" + ",".join(texts) + "]").encode()
+    got, want = decode_json(body), json.loads(body)
+    assert [(type(x), repr(x)) for x in got] == [(type(x), repr(x)) for x in want]
