@@ -16,7 +16,7 @@ was reached), prompt and output tokens (``tokens_in``, ``tokens_out``: of every 
 request, failed ones included — what the server read and delivered), streams
 ``verified`` against an expected answer and how many of them were ``wrong``
 (``wrong_text``, ``wrong_finish_reason`` or ``usage_mismatch``), and goodput: the
-requests that conform to the SLO (``token_metrics.conforms``; with no bound given,
+requests that conform to the SLO (``harness.analysis.token_metrics.conforms``; with no bound given,
 every request that did not fail) and every problem code seen, one count per request.
 
 Workers ``drain()`` a JSON-able delta; the master ``merge()``s them: histograms are
@@ -32,8 +32,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from harness.analysis import token_metrics
-from harness.analysis.token_metrics import SLO
+from harness.analysis.token_metrics import SLO, conforms, tpot_s
 from harness.protocols.openai_stream import ProblemCode, StreamRecord
 from harness.results import hdr
 
@@ -92,12 +91,12 @@ class StreamCell:
             self.hist("e2e_failed").record_value(_us(rec.end_s))
             return
         counts["ok"] += 1
-        if token_metrics.conforms(rec, slo):
+        if conforms(rec, slo):
             counts["conforming"] += 1
         self.hist("e2e").record_value(_us(rec.end_s))
         if rec.ttft_s is not None:
             self.hist("ttft").record_value(_us(rec.ttft_s))
-        tpot = token_metrics.tpot_s(rec)
+        tpot = tpot_s(rec)
         if tpot is not None:
             self.hist("tpot").record_value(_us(tpot))
         times = rec.token_times_s

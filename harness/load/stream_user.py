@@ -40,11 +40,11 @@ import gevent.pool
 from locust import User, task
 
 from harness.load import arrivals, http
+from harness.load.llm_workload_text import text_of, words
 from harness.load.stream_http import StreamLimits, exchange_stream, stream_client
 from harness.load.stream_recording import StreamStats
 from harness.protocols import openai
 from harness.protocols.openai_stream import FAILURES, Expectation, StreamRecord
-from reference_server.llm.tokens import VOCABULARY
 
 log = logging.getLogger("harness.load.stream")
 
@@ -114,7 +114,7 @@ def prepare(
     rng = random.Random(f"harness-llm-prompts/{settings.seed}")
     out = []
     for i in range(settings.prompts):
-        text = " ".join(rng.choice(VOCABULARY) for _ in range(settings.prompt_tokens))
+        text = text_of(words(rng, settings.prompt_tokens))
         gen = openai.Generation(max_tokens=settings.max_tokens, seed=i, ignore_eos=True)
         body = (
             openai.chat_body(model, [{"role": "user", "content": text}], gen)
