@@ -321,7 +321,7 @@ def _tune_row(k: str, low: float, high: float | None, cpu: float | None) -> dict
     return {"key": k, "peak_rps": low, "upper_rps": high, "cpu_ms_per_request": cpu}
 
 
-# The two clean tunes of docs/peak.md (reference server, SLO p99 150 ms): their peak and
+# The two clean tunes of docs/peak-measurements.md (reference server, SLO p99 150 ms): their peak and
 # missed-at rates and CPU ms/request per configuration, as each tune measured them.
 _TUNE_1 = [
     _tune_row("32/5/1", 476.7, 506.5, 2.02),

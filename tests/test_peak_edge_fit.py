@@ -200,7 +200,7 @@ def test_the_report_states_the_fitted_interval_and_the_repeats_band() -> None:
     text = peak_sentence(peak)
     assert f"Peak {fit.edge_rps:.1f} req/s" in text and "95 % interval" in text
     assert f"held at {est.low_rps:.1f} in all 3 repeats" in text
-    # what the interval does not hold: a move between runs (docs/peak.md, ~5 % measured)
+    # what the interval does not hold: a move between runs (docs/peak-measurements.md, ~5 % measured)
     assert "between runs is not in it" in text
     assert text in peak_markdown(doc) and "<img" in peak_html(doc)
     assert exit_code(peak) == 0

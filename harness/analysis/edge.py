@@ -13,7 +13,7 @@ sure that is.
   are grouped.
 
 Pure: numbers in, numbers out (numpy and scipy). What the coverage of these intervals is
-on measured and simulated searches: docs/peak.md.
+on measured and simulated searches: docs/peak-measurements.md.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def searches_interval(edges: Sequence[float], confidence: float = EDGE_CI) -> Se
 def edge_confidence(repeats: int) -> float:
     """The nominal confidence that [L, U] holds the edge, for bounds fixed in advance; the
     search's bounds are chosen after the outcomes, and hold less often on a gradual edge
-    (simulated coverage: docs/peak.md)."""
+    (simulated coverage: docs/peak-measurements.md)."""
     return max(0.0, 1.0 - 2.0 * 0.5**repeats) if repeats > 1 else 0.0
 
 
@@ -136,7 +136,7 @@ class EdgeFit:
     the bracket, missed above, mixed only at one or two rates — and there the plain
     maximum-likelihood scale collapses towards 0 and its interval with it. Firth's
     estimate exists for separated data and its profile interval keeps its coverage there
-    (Heinze & Schemper 2002); the coverage measured on searches is in docs/peak.md."""
+    (Heinze & Schemper 2002); the coverage measured on searches is in docs/peak-measurements.md."""
 
     edge_rps: float
     ci_rps: tuple[float | None, float | None]

@@ -18,7 +18,7 @@ the edge repeats, a *refine phase* measures at the fitted logistic's D-optimal r
 (edge ∓ 1.54 scale) until the fitted edge's 95 % profile-likelihood interval
 (``harness.analysis.edge.EdgeFit``) is within ``precision`` of it. [L, U] stays in the
 results as what the repeats showed, and is what `harness tune` ranks on (its peak is L).
-The coverage of both intervals, simulated and measured: docs/peak.md.
+The coverage of both intervals, simulated and measured: docs/peak-measurements.md.
 
 The search treats an insufficient point (``harness.peak.outcomes``) as not earned
 (measured again once at double length, then a miss), and an invalid one as no
@@ -66,7 +66,7 @@ Phase = Literal["bracket", "bisect", "edge", "refine", "done"]
 # (how gradual the edge is) comes from the penalty, not from outcomes; and stopping as
 # soon as the interval is narrow enough picks the runs whose scale came out small by
 # chance, so the stated interval would hold the edge less often than it says (the
-# simulated coverage with 4 and with 8 each: docs/peak.md)
+# simulated coverage with 4 and with 8 each: docs/peak-measurements.md)
 REFINE_MIN_EACH = 8
 # refine points sit where P(met) is 0.82 and 0.18 of the fitted logistic: edge ∓ 1.54 scale
 # (the D-optimal design for a two-parameter logistic fit)

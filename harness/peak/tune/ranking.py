@@ -5,7 +5,7 @@ its status (``config_status``: measured, not measured, failed). Ranks say only w
 measured (``standing``): one configuration is better than another when it held the SLO
 in every outcome up to a rate at least one tolerance above the rate from which the other
 missed it in every outcome; configurations the search did not separate share a rank.
-The measured cases behind each rule: docs/peak.md.
+The measured cases behind each rule: docs/peak-measurements.md.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def standing(results: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str
     measured, not below the floor: it is judged like any other, on where it missed in every
     outcome. One with every point invalid (peak None) has no rank; nor has one not measured
     or failed (``status``): ``rank`` places those. The tunes that showed why each rule is
-    needed: docs/peak.md, "Measurements"."""
+    needed: docs/peak-measurements.md."""
     measured = [r for r in results if status(r) == MEASURED]
     ev = {r["key"]: evidence(r) for r in measured}
     out: dict[str, int] = {}
