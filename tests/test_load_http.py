@@ -14,6 +14,7 @@ from gevent.server import StreamServer
 
 from harness.errors import ConfigError
 from harness.load import http, http_framing
+from harness.testing.raw_http import requests_on
 
 
 def _server(answer: Callable[[int], bytes], delays=None, split: int | None = None):
@@ -24,21 +25,7 @@ def _server(answer: Callable[[int], bytes], delays=None, split: int | None = Non
     delays = delays or {}
 
     def handle(sock, _addr):
-        buf = b""
-        while True:
-            while b"\r\n\r\n" not in buf:
-                data = sock.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            while len(buf) < length:
-                buf += sock.recv(65536)
-            buf = buf[length:]
+        for _request in requests_on(sock):
             k = next(counter)
             gevent.sleep(delays.get(k, 0.0))
             raw = answer(k)

@@ -20,6 +20,7 @@ from harness.load import http
 from harness.load.stream_http import StreamLimits, exchange_stream, stream_client
 from harness.protocols.openai_stream import ProblemCode, StreamRecord
 from harness.testing.llm_streams import DONE_EVENT, chunk_event
+from harness.testing.raw_http import requests_on
 
 GAP_S = 0.02  # the time between two events the server writes
 LIMITS = StreamLimits(deadline_s=5.0, stall_s=2.0)
@@ -69,13 +70,9 @@ def serving(*scripts: Script) -> Iterator[http.Connection]:
 
     def handle(sock, _addr) -> None:
         script = queue.pop(0)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += sock.recv(65536)
-        head, _, body = buf.partition(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        while len(body) < length:
-            body += sock.recv(65536)
+        head, _body = next(requests_on(sock), (None, None))
+        if head is None:
+            return
         script.requests.append(head)
         for step in script.steps:
             if step[0] == "send":

@@ -25,6 +25,7 @@ from harness.load.stream_user import StreamEngine, StreamSettings, prepare
 from harness.protocols.openai import CHAT_PATH, Generation, chat_body, encode_body
 from harness.results import hdr
 from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
+from harness.testing.raw_http import requests_on
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,22 +82,11 @@ def fake_llm() -> Iterator[tuple[str, list[bool]]]:
     cuts: list[bool] = []
 
     def handle(sock, _addr) -> None:
-        buf = b""
-        while True:
-            while b"\r\n\r\n" not in buf:
-                data = sock.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
+        for head, _body in requests_on(sock):
             if head.startswith(b"GET"):
                 body = b'{"data":[{"id":"m","owned_by":"someone"}]}'
                 sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
                 continue
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            while len(buf) < length:
-                buf += sock.recv(65536)
-            buf = buf[length:]
             cut = cuts.pop(0) if cuts else False
             body = _stream_body(cut)
             if cut:

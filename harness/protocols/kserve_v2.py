@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from harness.protocols.kserve_v2_data import load_input_data, requests_from
+from harness.protocols.kserve_v2_data import flatten, load_input_data, requests_from
 from harness.protocols.kserve_v2_inputs import (
     DATATYPES,
     InputSpec,
@@ -69,24 +69,6 @@ class InputTemplate:
 
 
 # -- answers ------------------------------------------------------------------------------
-
-
-def flatten(data: Any) -> list[Any]:
-    """Row-major flat list of a V2 ``data`` field, flat or nested."""
-    if not isinstance(data, list):
-        return [data]
-    if not data or not isinstance(data[0], list):
-        return data
-    out: list[Any] = []
-    stack = [data]
-    # iterative depth-first walk keeps row-major order without recursion limits
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(reversed(node))
-        else:
-            out.append(node)
-    return out
 
 
 def parse_answer(body: bytes) -> tuple[str | None, tuple[Any, ...]]:

@@ -46,12 +46,16 @@ class Tensor:
 Entry = dict[str, Tensor]
 
 
-def _flat(value: Any) -> list[Any]:
-    if not isinstance(value, list):
-        return [value]
+def flatten(data: Any) -> list[Any]:
+    """Row-major flat list of a V2 ``data`` field, flat or nested."""
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        return data
     out: list[Any] = []
-    stack = [value]
-    while stack:  # row-major without recursion limits
+    stack = [data]
+    # iterative depth-first walk keeps row-major order without recursion limits
+    while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(reversed(node))
@@ -92,7 +96,7 @@ def _tensor(spec: InputSpec, raw: Any, batch_size: int, where: str) -> Tensor:
             )
         if "content" not in raw:
             raise ConfigError(f'{where} is an object without "content"; expected a list')
-        data = _flat(raw["content"])
+        data = flatten(raw["content"])
         shape_raw = raw.get("shape")
         if shape_raw is None:
             shape = sent_shape(item)
@@ -120,7 +124,7 @@ def _tensor(spec: InputSpec, raw: Any, batch_size: int, where: str) -> Tensor:
                     f"{list(declared)} (-1: any size)"
                 )
     elif isinstance(raw, list):
-        data = _flat(raw)
+        data = flatten(raw)
         shape = sent_shape(item)
     else:
         raise ConfigError(f'{where} is {raw!r}; expected a list or {{"content", "shape"}}')
