@@ -342,6 +342,31 @@ def test_amplification_passes_the_injected_delay_and_fails_a_stall() -> None:
     assert c.passed is None and c.skipped
 
 
+def test_amplification_interpolates_the_servers_drift_across_the_fault() -> None:
+    # The server's own latency rises through the run whatever the network does: 30 ms
+    # before the toxic, 50 ms after it, so ~40 ms while it was on. With 40 ms injected a
+    # request took 80 ms: 1x, though 80 - 30 ms before would read 1.25x.
+    ev = _event("latency", 10, 20, delay_s=32.0)
+    drift = {"chaos": [ev], "windows": _windows({(0, 10): 30.0, (10, 20): 80.0, (20, 40): 50.0}, 40),
+             "duration_s": 40.0}  # fmt: skip
+    c = _judge(latency_amplification, "network.latency_amplification", drift)
+    assert c.passed is True and c.value == pytest.approx(40 / 40, rel=0.01)
+    assert "30 ms (1–10 s) and 50 ms (23–40 s)" in c.detail
+    # the clean stretch after is cut at the next network event's start
+    reset = _event("reset_peer", 26, 30, resets=5)
+    c = _judge(latency_amplification, "network.latency_amplification",
+               {**drift, "chaos": [ev, reset]})  # fmt: skip
+    assert "50 ms (23–26 s)" in c.detail and c.value == pytest.approx(1.0, rel=0.01)
+    # a server that amplifies still fails, whatever it does after: 300 ms during
+    stalled = {**drift, "windows": _windows({(0, 10): 30.0, (10, 20): 300.0, (20, 40): 50.0}, 40)}
+    c = _judge(latency_amplification, "network.latency_amplification", stalled)
+    assert c.passed is False and c.value == pytest.approx((300 - 40) / 40, rel=0.01)
+    # no clean window after (the run ended with the toxic): the stretch before alone
+    cut = {**drift, "windows": _windows({(0, 10): 30.0, (10, 20): 80.0}, 20), "duration_s": 20.0}
+    c = _judge(latency_amplification, "network.latency_amplification", cut)
+    assert c.value == pytest.approx(50 / 40, rel=0.01) and " and " not in c.detail.split("[")[1]
+
+
 def _server(socks: list[int], conns: list[int], threads: list[int]) -> dict[str, Any]:
     return {"started_unix": 100.0, "series": {"t": [float(i) for i in range(len(socks))],
             "socket_fds": socks, "client_conns": conns, "threads": threads}}  # fmt: skip

@@ -77,6 +77,32 @@ def _clean_before(
     return lo, float(events[i]["start_s"])
 
 
+def _clean_after(
+    events: Sequence[Mapping[str, Any]], i: int, settle_s: float, run_end: float
+) -> tuple[float, float]:
+    """The clean stretch after event ``i``: from its end + settle_s to the next event's
+    start (the run's end after the last)."""
+    hi = float(events[i + 1]["start_s"]) if i + 1 < len(events) else run_end
+    return float(events[i]["end_s"]) + settle_s, hi
+
+
+def _bracket(
+    w: d.Windows, spans: Sequence[tuple[float, float]], min_windows: int
+) -> tuple[float | None, list[str]]:
+    """The clean latency around a fault: the mean of the median window p50 of each clean
+    stretch in ``spans`` that has ``min_windows`` answered windows (None: none has). With
+    a stretch on each side, the server's own drift through the run (its time rising or
+    falling whatever the network does) is interpolated to the fault's time instead of
+    being charged to the fault."""
+    medians, notes = [], []
+    for lo, hi in spans:
+        med, n, _ = _median_p50(w, lo, hi)
+        if med is not None and n >= min_windows:
+            medians.append(med)
+            notes.append(f"{fmt(med)} ms ({fmt(lo)}–{fmt(hi)} s)")
+    return (float(np.mean(medians)) if medians else None), notes
+
+
 @implements("network.latency_amplification")
 def latency_amplification(result: Mapping[str, Any], r: Result) -> Check:
     p = r.params
@@ -96,15 +122,17 @@ def latency_amplification(result: Mapping[str, Any], r: Result) -> Check:
         e = events[i]
         start, end = float(e["start_s"]), float(e["end_s"])
         name = f"{_toxic(e)} {(e.get('params') or {}).get('stream')} ({fmt(start)}–{fmt(end)} s)"
-        lo, hi = _clean_before(events, i, float(p["discard_s"]), float(p["settle_s"]))
-        base, base_n, _ = _median_p50(w, lo, hi)
+        settle_s, min_n = float(p["settle_s"]), int(p["min_windows"])
+        before = _clean_before(events, i, float(p["discard_s"]), settle_s)
+        after = _clean_after(events, i, settle_s, float(result.get("duration_s") or end))
+        base, base_notes = _bracket(w, (before, after), min_n)
         during, dur_n, sent = _median_p50(w, start + float(p["discard_s"]), end, math.inf)
         delay_s = _counters(e).get("delay_s")
         span = end - start - float(p["discard_s"])
-        if base is None or base_n < int(p["min_windows"]) or dur_n < int(p["min_windows"]):
+        if base is None or dur_n < min_n:
             parts.append(
-                f"{name}: {base_n} clean window(s) before and {dur_n} during with answers "
-                f"(< {p['min_windows']}): not judged"
+                f"{name}: {len(base_notes)} clean stretch(es) beside it and {dur_n} window(s) "
+                f"during it with answers (each needs {min_n}): not judged"
             )
             continue
         if not isinstance(delay_s, int | float) or sent <= 0 or span <= 0:
@@ -126,7 +154,8 @@ def latency_amplification(result: Mapping[str, Any], r: Result) -> Check:
         ratio = added / injected_ms if math.isfinite(added) else math.inf
         judged += 1
         parts.append(
-            f"{name}: median p50 {fmt(during)} ms vs {fmt(base)} ms before = "
+            f"{name}: median p50 {fmt(during)} ms vs {fmt(base)} ms clean beside it "
+            f"({' and '.join(base_notes)}) = "
             f"{added:+.3g} ms for {fmt(injected_ms)} ms injected per request "
             f"({fmt(ratio)}x{'; windows with no answer count as never answered' if math.isinf(during) else ''})"
         )
