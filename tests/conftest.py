@@ -1,6 +1,14 @@
 """Patch with gevent before anything starts a thread (Locust does it on import; done late,
 after anyio/starlette made their threads, a TestClient call waits forever).
 
+Under pytest-xdist (``-n``) a worker waits for its next test on an event that execnet's
+reader thread sets; patched, that event is gevent's, and a hub with nothing else to wait
+for ends the worker with ``LoopExit`` at once. Outside a test's body the worker's hub
+keeps a timer that does nothing but keep it waiting; the body runs without it, so a test
+that would block forever still fails with ``LoopExit`` as it does in a serial run. Tests
+marked ``slow`` (real servers and Locust runs, timed and sampled) or ``serial`` (the
+machine's CPU) run alone: in a worker they fail at set-up, naming the serial pass.
+
 Every results document a test writes is validated against ``schemas/results.v1.json``:
 in this process at the moment ``harness.results`` serialises it (``write_document``),
 and, for documents written by subprocesses (``locust -f``, ``harness run``), every
@@ -14,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gevent
 import jsonschema
 import locust  # noqa: F401
 import pytest
@@ -23,14 +32,49 @@ from harness.results import document as _document
 from harness.results.schema import SCHEMA_FILE
 
 SETUP_WAIT_S = 1200.0
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+# the period is irrelevant: the timer only holds the hub; execnet's thread wakes it
+_HUB_HOLD = gevent.get_hub().loop.timer(60.0, 60.0) if XDIST_WORKER else None
+if _HUB_HOLD is not None:
+    _HUB_HOLD.start(lambda: None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if _HUB_HOLD is None:
+        return (yield)
+    _HUB_HOLD.stop()
+    try:
+        return (yield)
+    finally:
+        _HUB_HOLD.start(lambda: None)
+
+
+def pytest_runtest_setup(item) -> None:
+    if not XDIST_WORKER:
+        return
+    for name in ("slow", "serial"):
+        if item.get_closest_marker(name):
+            pytest.fail(
+                f"{item.nodeid} is marked {name}: it measures CPU and time, and the test "
+                "beside it under -n would disturb it; run it in the serial pass "
+                '(python -m pytest -m "slow or serial")',
+                pytrace=False,
+            )
 
 
 def pytest_sessionstart(session) -> None:
     """Under .ci/run the machine's extras (apt's pidstat and chromium, kserve's venv) install
     in the background while the venv is made: wait for them before the first test, so none
-    meets a half-installed package or shares the CPU with an install."""
+    meets a half-installed package or shares the CPU with an install.
+
+    Under pytest-xdist (``-n``) the controller waits here before it starts its workers
+    (xdist starts them in its own ``pytest_sessionstart``, which runs last), and each
+    worker, started after the wait, finds the set-up done and neither waits nor reports."""
     done = os.environ.get("HARNESS_CI_SETUP_DONE")
     if not done:
+        return
+    if XDIST_WORKER and os.path.exists(done):
         return
     start = time.monotonic()
     while not os.path.exists(done) and time.monotonic() - start < SETUP_WAIT_S:

@@ -9,6 +9,10 @@ as a share of the server cores' capacity, and calls the run invalid above
 ``foreign_budget``. The run is its processes by ancestry: a Locust worker outside the
 run's trees is another tenant. The capacity probe, which runs before the sampler,
 accounts for its own window (``calibration.cpu``) and is judged the same way.
+
+The tests on real processes measure every process on the machine: a test running beside
+them (pytest-xdist's other worker) is exactly the tenant they count, so they are marked
+``serial`` and run in the serial pass.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def _pinned(code: str, core: int, **kw) -> subprocess.Popen:
 # --- what the sampler attributes (real processes) -------------------------------------
 
 
+@pytest.mark.serial
 def test_cpu_outside_the_run_is_unattributed_and_named_the_runs_own_is_not(tmp_path):
     root = subprocess.Popen([sys.executable, "-c", RUN_ROOT], stdout=subprocess.PIPE, text=True)
     foreign = None
@@ -112,6 +117,7 @@ def test_cpu_outside_the_run_is_unattributed_and_named_the_runs_own_is_not(tmp_p
     assert any(r["pid"] == foreign.pid for r in system["foreign_processes"])
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not TWO_CORES, reason="needs two cores to pin the server apart")
 def test_only_the_servers_cores_count_a_tenant_on_the_generators_core_does_not(tmp_path):
     """The server pinned to core 1, the run's root (the generator) free: a busy process
@@ -140,6 +146,7 @@ def test_only_the_servers_cores_count_a_tenant_on_the_generators_core_does_not(t
     assert _median([t.foreign_cpu_pct for t in on_server[1:]]) > 60, on_server
 
 
+@pytest.mark.serial
 def test_a_process_the_run_starts_between_rescans_is_the_runs(tmp_path):
     """A hog the chaos timeline starts between two rescans: found at the next tick (the
     sampler rescans at once when the unattributed CPU jumps, and counts the whole CPU
@@ -170,6 +177,7 @@ def test_a_process_the_run_starts_between_rescans_is_the_runs(tmp_path):
     assert _median([tk.foreign_cpu_pct for tk in after]) < 30, after
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not TWO_CORES, reason="needs two cores to pin the server apart")
 def test_a_hog_the_run_starts_just_before_a_tick_is_the_runs_from_its_first_tick(tmp_path):
     """A CPU hog of the run (a contention block) started 0.45 s into a 0.5 s tick, on the
@@ -228,6 +236,7 @@ def _foreign_around_a_kill(
     return [tk.foreign_cpu_pct for tk in ticks if tk is not None]
 
 
+@pytest.mark.serial
 def test_a_process_of_the_run_that_exits_between_ticks_is_still_the_runs(tmp_path):
     """A busy process of the run killed and reaped 0.4 s after a tick (a crash chaos
     kill, a short-lived child): its last 0.4 s of CPU is in its reaper's counter
@@ -244,6 +253,7 @@ def test_a_process_of_the_run_that_exits_between_ticks_is_still_the_runs(tmp_pat
     assert max(foreign) < 30, foreign
 
 
+@pytest.mark.serial
 def test_a_server_killed_and_reaped_by_its_own_supervisor_is_still_the_runs(tmp_path):
     """An attached server (busy) under a supervisor that is no process of the run, killed
     0.4 s after a tick: its supervisor reaps it, and the jump of the supervisor's reaped
@@ -289,6 +299,7 @@ def _gone_pid(pid: int) -> bool:
         return True
 
 
+@pytest.mark.serial
 def test_a_locust_worker_outside_the_runs_tree_is_another_tenant(tmp_path):
     """Adoption is by ancestry only: a process that looks like a Locust worker
     (``locust … --worker``, another CI job's) but descends from no process of the run is
@@ -309,6 +320,7 @@ def test_a_locust_worker_outside_the_runs_tree_is_another_tenant(tmp_path):
     assert any(pid == worker.pid for t in ticks[2:] for pid, _, _ in t.foreign_procs)
 
 
+@pytest.mark.serial
 def test_the_server_restarted_by_its_own_supervisor_is_the_runs_before_the_sampler_follows(
     tmp_path,
 ):
@@ -355,6 +367,7 @@ def test_the_server_restarted_by_its_own_supervisor_is_the_runs_before_the_sampl
     assert _median([tk.other_cpu_pct for tk in after]) < 30, after
 
 
+@pytest.mark.serial
 def test_a_copy_of_the_servers_command_while_the_server_runs_is_another_tenant(tmp_path):
     """The same command line is the server only in the gap of a restart: while the
     server the sampler follows runs, another process with its command line (another
@@ -414,6 +427,7 @@ def test_the_load_generators_host_records_its_tenant_beside_the_agents_samples(t
 # --- the capacity probe's own accounting (real processes) -----------------------------
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not TWO_CORES, reason="needs two cores to keep the run's work apart")
 def test_the_probe_meter_counts_a_tenant_on_the_servers_core_and_not_the_runs_work():
     """``ForeignMeter`` between two moments: a busy process outside the run on the
