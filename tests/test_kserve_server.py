@@ -8,6 +8,16 @@ harness's sampler must not get): ``.ci/run`` makes it and exports
 three short ``harness run``s whose verdicts are pinned here and explained in
 docs/servers.md. The first run's probed capacity is pinned for the runs after it on the
 same server (``--capacity-rps``): one capacity probe for the module, not three.
+
+The integrity run offers its high stage at ``HIGH_RATE`` of that capacity, not the shipped
+scenario's 0.9x. The scenario's 0.9x keeps a batching server's batches full and leaves
+the overload a noisy probe can cause to the server's own refusals (judged apart by
+``integrity.failures``); this server batches nothing, refuses nothing and queues without
+bound, so an offered rate above what it sustains fills the client's in-flight cap and the
+harness drops requests the server was never sent. What it sustains under the open loop
+is less than the 5 s closed-loop probe reads (docs/servers.md has the measured ratio):
+``HIGH_RATE`` keeps the high stage below it, so a failure of this control is the
+server's.
 """
 
 from __future__ import annotations
@@ -80,6 +90,20 @@ def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
 # runs after it
 _PINNED: dict[str, float] = {}
 
+# the integrity run's high stage, as a multiple of the probed capacity (module docstring)
+HIGH_RATE = "0.7x"
+SHIPPED_HIGH_RATE = 'rate = "0.9x"'
+
+
+def _integrity_below_capacity(out: Path) -> Path:
+    """scenarios/integrity.toml with its high stage at ``HIGH_RATE`` (everything else as
+    shipped), written under ``out``; fails if the shipped high rate is no longer 0.9x."""
+    text = (REPO / "scenarios" / "integrity.toml").read_text()
+    assert text.count(SHIPPED_HIGH_RATE) == 1, "the shipped integrity high stage changed"
+    path = out / "integrity.toml"
+    path.write_text(text.replace(SHIPPED_HIGH_RATE, f'rate = "{HIGH_RATE}"'))
+    return path
+
 
 def _run(scenario: str, url: str, pid: int, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     if "capacity" in _PINNED:
@@ -108,11 +132,14 @@ def test_kserve_metadata_and_integrity(kserve: tuple[str, int], tmp_path: Path) 
     """Its metadata gives the input (FP32 [-1, 64]); every answer matches the golden
     outputs fetched before the load; PASS."""
     url, pid = kserve
-    code, doc = _run("integrity", url, pid, tmp_path, "--duration", "12")
+    scenario = str(_integrity_below_capacity(tmp_path))
+    code, doc = _run(scenario, url, pid, tmp_path / "run", "--duration", "12")
     checks = _checks(doc)
-    assert code == 0 and doc["verdict"] == "pass", (checks, doc["scenarios"][0]["validity"])
+    sc = doc["scenarios"][0]
+    assert code == 0 and doc["verdict"] == "pass", (checks, sc["validity"])
     assert checks["integrity.mismatches"] is True
     assert doc["sut"]["model"] == MODEL
+    assert [s["rate"] for s in sc["stages"]] == ["0.3x", HIGH_RATE], sc["stages"]
 
 
 def test_kserve_steady_state(kserve: tuple[str, int], tmp_path: Path) -> None:
