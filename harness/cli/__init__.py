@@ -12,6 +12,7 @@ never the namespace.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -53,8 +54,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point (``harness = harness.cli:main``). Returns the exit code."""
+    """Console entry point (``harness = harness.cli:main``). Returns the exit code.
+
+    As the process's own command (``argv`` None) of a subcommand that sets
+    ``exit_at_end`` (``run``, ``acceptance``: every file written and every child process
+    reaped when its handler returns), the process ends here with that code, its output
+    flushed, without Python's finalisation (freeing numpy, scipy and matplotlib: about
+    0.25 s of every run)."""
     args = build_parser().parse_args(argv)
+    code = _handle(args)
+    if argv is None and getattr(args, "exit_at_end", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _handle(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args))
     except HarnessError as e:

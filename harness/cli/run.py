@@ -124,7 +124,7 @@ def add_acceptance(sub: Subparsers) -> None:
         default=None,
         help="comma-separated subset of the checklist to run (default: all of it)",
     )
-    p.set_defaults(handler=_run_acceptance)
+    p.set_defaults(handler=_run_acceptance, exit_at_end=True)
 
 
 def add_run(sub: Subparsers) -> None:
@@ -138,7 +138,7 @@ def add_run(sub: Subparsers) -> None:
         "--duration", type=positive_float, default=None, help="total seconds (stages scaled)"
     )
     _add_target_options(p)
-    p.set_defaults(handler=_run_run)
+    p.set_defaults(handler=_run_run, exit_at_end=True)
 
 
 def add_locust_options(sub: Subparsers) -> None:
@@ -234,7 +234,7 @@ def _execute(plan: Plan) -> int:
 def _run_acceptance(args: argparse.Namespace) -> int:
     from harness.acceptance import acceptance_scenarios
 
-    names = acceptance_scenarios(args.mode, args.scenarios)
+    names = acceptance_scenarios(args.mode, args.scenarios, args.protocol)
     return _execute(plan_from(args, names, "harness-results/acceptance"))
 
 
