@@ -41,23 +41,43 @@ CHECKLIST: tuple[str, ...] = (
 FULL_ONLY: tuple[str, ...] = ("network",)
 
 
-def checklist(mode: str) -> tuple[str, ...]:
-    """The scenarios ``harness acceptance`` runs in ``mode``: CHECKLIST, + FULL_ONLY in full."""
+# The checklist of an OpenAI-compatible LLM server (``--protocol openai``), judged in tokens.
+LLM_CHECKLIST: tuple[str, ...] = ("llm_steady",)
+
+
+def checklist(mode: str, protocol: str | None = None) -> tuple[str, ...]:
+    """The scenarios ``harness acceptance`` runs in ``mode``: CHECKLIST, + FULL_ONLY in full;
+    LLM_CHECKLIST for ``--protocol openai``."""
+    if protocol == "openai":
+        return LLM_CHECKLIST
     return CHECKLIST + FULL_ONLY if mode == "full" else CHECKLIST
 
 
-def acceptance_scenarios(mode: str, subset: str | None) -> tuple[str, ...]:
-    """The checklist of ``mode``, or the comma-separated ``subset`` of it (``--scenarios``)."""
-    names = checklist(mode)
+def acceptance_scenarios(
+    mode: str, subset: str | None, protocol: str | None = None
+) -> tuple[str, ...]:
+    """The checklist of ``mode`` (and protocol), or the comma-separated ``subset`` of it
+    (``--scenarios``)."""
+    names = checklist(mode, protocol)
     if subset:
+        valid = checklist("full", protocol)
         names = tuple(n.strip() for n in subset.split(",") if n.strip())
-        unknown = [n for n in names if n not in CHECKLIST + FULL_ONLY]
+        unknown = [n for n in names if n not in valid]
         if unknown:
             raise ConfigError(
                 f"--scenarios has {', '.join(unknown)!s}, not in the checklist. "
-                f"Valid: {', '.join(CHECKLIST + FULL_ONLY)} (use `harness run FILE` for your own)"
+                f"Valid: {', '.join(valid)} (use `harness run FILE` for your own)"
             )
     return names
+
+
+def declared_protocol(scenarios: tuple[str, ...]) -> str | None:
+    """The protocol the scenarios declare (``[load] protocol``) when they all declare the
+    same one; else None (the run's default)."""
+    from harness.load.options import scenario_protocol
+
+    found = {scenario_protocol(name) for name in scenarios}
+    return found.pop() if len(found) == 1 else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +136,7 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         raise ConfigError(f"--retry-invalid has value {r.retry_invalid}; expected 0 or more")
     sut_cmd = r.sut_cmd
     if sut_cmd is None and r.url is None:
-        sut_cmd = default_sut_cmd()
+        sut_cmd = default_sut_cmd(protocol=r.protocol or declared_protocol(r.scenarios))
     target = Target(
         sut_cmd=sut_cmd,
         url=r.url,
@@ -126,15 +146,16 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         **deployment_of(r.headers, r.ca_cert, r.insecure, r.metrics_url),
         **agent_of(r.agent_url, r.agent_token, r.url, r.sut_pid, r.agent_ca_cert),
     )
-    from harness.checks.registry import validate_allow_skip
-
     if r.checklist is not None:
         from harness.checks import load_checklist
 
         load_checklist(r.checklist)  # a bad checklist fails before any load runs
-    allow_skip = validate_allow_skip(
-        [n.strip() for a in r.allow_skip for n in a.split(",") if n.strip()], "--allow-skip"
-    )
+    skip_names = [n.strip() for a in r.allow_skip for n in a.split(",") if n.strip()]
+    allow_skip: list[str] = []
+    if skip_names:  # the checks (scipy: ~0.4 s) are imported only when there is one to check
+        from harness.checks.registry import validate_allow_skip
+
+        allow_skip = validate_allow_skip(skip_names, "--allow-skip")
     extra = list(r.locust_args)
     for spec in r.inputs:
         extra += ["--input", spec]
@@ -298,7 +319,6 @@ def without_unsupported(plan: Plan, single: bool) -> Plan:
 def preflight(plan: Plan) -> list[Exclusion]:
     """Each planned scenario this target cannot support, with the reason, found before
     any load starts (harness.load.preflight)."""
-    from harness.checks import load_checklist
     from harness.load.preflight import TargetFacts, agent_facts, check_transport, exclusions
     from harness.load.scenario import load_scenario
 
@@ -313,7 +333,11 @@ def preflight(plan: Plan) -> list[Exclusion]:
             cores = a.split("=", 1)[1]
     t = plan.target
     remote = agent_facts(t.agent_url, t.agent_token, t.sut_pid)
-    checklist = load_checklist(plan.checklist) if plan.checklist is not None else None
+    checklist = None
+    if plan.checklist is not None:
+        from harness.checks import load_checklist
+
+        checklist = load_checklist(plan.checklist)
     facts = TargetFacts(
         sut_cmd=plan.target.sut_cmd,
         attached=plan.target.url is not None,
