@@ -80,6 +80,16 @@ def exit_code_for(doc: Mapping[str, Any]) -> ExitCode:
 PARENT_RENDERS_ENV = "HARNESS_PARENT_RENDERS"
 
 
+# What finish() imports on its first call (the checks: scipy; the reports: matplotlib;
+# ~0.8 s together), for a caller that loads them ahead (harness.locust_run.ImportWhenWritten).
+FINISH_IMPORTS = (
+    "harness.checks",
+    "harness.report.html",
+    "harness.report.junit",
+    "harness.report.summary",
+)
+
+
 def finish(
     out_dir: str | Path,
     checklist: str | Path | None = None,

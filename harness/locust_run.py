@@ -11,14 +11,17 @@ scenario's results document read back (``ScenarioRun``).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +40,11 @@ def locustfile_path() -> Path:
     return Path(locustfiles.__file__).resolve().parent / "inference.py"
 
 
-def default_sut_cmd(model: str | None = None) -> str:
-    """The bundled reference server, on the port and with the threads the harness picks."""
+def default_sut_cmd(model: str | None = None, protocol: str | None = None) -> str:
+    """The bundled reference server, on the port and with the threads the harness picks;
+    for ``protocol`` "openai" its LLM server (one engine: no threads to pick)."""
+    if protocol == "openai":
+        return f"{shlex.quote(sys.executable)} -m reference_server --api openai --port {{port}}"
     cmd = f"{shlex.quote(sys.executable)} -m reference_server --port {{port}} --workers {{threads}}"
     if model:
         cmd += f" --model {shlex.quote(model)}"
@@ -323,3 +329,53 @@ def last_error_line(log_path: Path) -> str | None:
         if text.startswith("harness: error:") or "Error:" in text:
             return text.removeprefix("harness: error:").strip()
     return lines[-1].strip() if lines else None
+
+
+class ImportWhenWritten:
+    """Import ``modules`` on a daemon thread, at the lowest CPU priority, once a scenario's
+    complete results are on disk (``results.json`` whose envelope says ``"partial":
+    false``: its load is over, Locust is judging and stopping the server; the partial
+    results written every 30 s during a long load do not count). What the caller's
+    wrap-up imports (the checks, matplotlib: ~0.8 s) then loads beside Locust's own
+    wrap-up, never during the load; a document written otherwise only means no head start.
+    ``cancel()`` ends the wait when the run ended without them; an import already started
+    finishes (the caller's own import of the module waits for it)."""
+
+    POLL_S = 0.05
+    COMPLETE = b'"partial": false'
+
+    def __init__(self, results: Path, modules: Sequence[str]) -> None:
+        self.results = results
+        self.modules = tuple(modules)
+        self.imported = threading.Event()
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="import-when-written", daemon=True)
+        self._thread.start()
+
+    def _complete(self, seen: list[float]) -> bool:
+        try:
+            mtime = self.results.stat().st_mtime
+            if seen and seen[0] == mtime:
+                return False
+            seen[:] = [mtime]
+            with open(self.results, "rb") as f:
+                return self.COMPLETE in f.read(512)
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        seen: list[float] = []
+        while not self._complete(seen):
+            if self._cancelled.wait(self.POLL_S):
+                return
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only
+        for name in self.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # raised again where the caller imports it and handles it
+                return
+        self.imported.set()
+
+    def cancel(self) -> None:
+        self._cancelled.set()

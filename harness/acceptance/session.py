@@ -11,6 +11,7 @@ with what was measured.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from harness.acceptance.no_results import failed_scenario
 from harness.acceptance.plan import Plan
 from harness.acceptance.retries import retry_line, retry_reasons, set_aside
 from harness.errors import ConfigError, ExitCode
-from harness.finish import finish
+from harness.finish import FINISH_IMPORTS, finish
 from harness.load.preflight import Exclusion
 from harness.locust_run import ScenarioRun, StopFlag, last_error_line
 from harness.primitives import trapped_signals
@@ -50,7 +51,13 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
         for i, name in enumerate(plan.scenarios, start=1):
             if stop.requested:
                 break
+            warm = None  # finish's imports, loaded while Locust judges and stops its server
+            if not all(m in sys.modules for m in FINISH_IMPORTS):
+                results = current.out_dir / Path(name).stem / "results.json"
+                warm = locust_run.ImportWhenWritten(results, FINISH_IMPORTS)
             run = _run_with_retries(plan, current, name, i, stop, show)
+            if warm is not None:
+                warm.cancel()
             if run.returncode == ExitCode.USAGE and not run.interrupted:
                 # A usage error (found while preparing: a model without inputs, a missing
                 # placeholder): the scenario was not measured, whatever the child wrote —
