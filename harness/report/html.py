@@ -8,7 +8,7 @@ document is escaped; a plot the data cannot support is replaced by a one-line no
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis.resilience import event_bands
@@ -311,29 +311,23 @@ def _chaos_bands(sc: Mapping[str, Any]) -> str:
     )
 
 
-def _plots(sc: Mapping[str, Any], slug: str) -> str:
+def _plots(sc: Mapping[str, Any], slug: str, drawn: Sequence[str | plots.Missing]) -> str:
     figures, notes = [], []
-    for key, caption, make in plots.PLOTS:
-        try:
-            result = make(sc)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            # A malformed field must not cost the reader the rest of the report.
-            result = plots.Missing(f"data malformed ({type(exc).__name__}: {exc})")
+    for (key, caption, _), result in zip(plots.PLOTS, drawn, strict=True):
         if isinstance(result, plots.Missing):
             notes.append(
                 f'<li class="note" data-plot="{key}">{esc(caption)} omitted: {esc(result.reason)}.</li>'
             )
             continue
-        uri = plots.to_data_uri(result)
         figures.append(
-            f'<figure id="plot-{slug}-{key}"><img alt="{esc(caption)} — {esc(sc["name"])}" src="{uri}">'
+            f'<figure id="plot-{slug}-{key}"><img alt="{esc(caption)} — {esc(sc["name"])}" src="{result}">'
             f"<figcaption>{esc(caption)}</figcaption></figure>"
         )
     omitted = f'<ul class="omitted">{"".join(notes)}</ul>' if notes else ""
     return "\n".join(figures) + omitted
 
 
-def _scenario(sc: Mapping[str, Any], index: int) -> str:
+def _scenario(sc: Mapping[str, Any], index: int, drawn: Sequence[str | plots.Missing]) -> str:
     verdict = scenario_verdict(sc)
     slug = f"{index}-{sc['name']}"
     counts = count_checks(sc.get("checks") or [])
@@ -374,7 +368,7 @@ def _scenario(sc: Mapping[str, Any], index: int) -> str:
         _server_split(sc),
         _chaos_list(sc),
         _chaos_bands(sc),
-        _plots(sc, slug),
+        _plots(sc, slug, drawn),
         "</section>",
     ]
     return "\n".join(p for p in parts if p)
@@ -403,7 +397,8 @@ def render_html(doc: Mapping[str, Any]) -> str:
         _kv_table("Server under test", doc.get("sut")),
         _kv_table("Load generator", doc.get("loadgen")),
     ]
-    body += [_scenario(sc, i) for i, sc in enumerate(scs)]
+    figures = plots.drawn_all(scs)
+    body += [_scenario(sc, i, figures[i]) for i, sc in enumerate(scs)]
     excluded = excluded_scenarios(doc)
     if excluded:
         items = "".join(f"<li><code>{esc(n)}</code>: {esc(why)}</li>" for n, why in excluded)
