@@ -111,6 +111,9 @@ EXCEPTIONS: frozenset[tuple[str, str]] = frozenset(
         ("harness.protocols", "reference_server.llm.tokens"),
         # the LLM workloads build prompts of an exact token count with the same tokenizer
         ("harness.load.llm_workload", "reference_server.llm.tokens"),
+        # the OpenAI protocol's inputs are the token workloads, built by the one module
+        # that builds them (pure: no gevent, no Locust, no sockets)
+        ("harness.protocols.openai_wire", "harness.load.llm_workload"),
         # the streaming user counts goodput as it records, with the per-stream definitions
         # the checks use (TPOT, SLO conformance: pure, stdlib-only): one definition, not two
         ("harness.load.stream_recording", "harness.analysis.token_metrics"),

@@ -23,13 +23,14 @@ from harness.load.scenario import (
 )
 
 DATA = Path(__file__).parent / "data" / "scenarios"
-EIGHT = (
+PACKAGED = (
     "cold_start",
     "contention",
     "crash_restart",
     "freeze",
     "integrity",
     "linearity",
+    "llm_steady",
     "mixed_priority",
     "network",
     "rolling_shutdown",
@@ -51,6 +52,7 @@ QUICK_BUDGET_S = {
     "freeze": 30,
     "crash_restart": 30,
     "rolling_shutdown": 25,
+    "llm_steady": 35,
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
@@ -80,6 +82,7 @@ EXPECTED_CHECKS = {
     "freeze": {"freeze.recovery_s", "freeze.unanswered", "freeze.resource_step"},
     "crash_restart": {"crash.recovery_s", "crash.errors_after_ready", "crash.cold_penalty"},
     "rolling_shutdown": {"shutdown.lost", "shutdown.exit_s"},
+    "llm_steady": {"llm.ttft_p99", "llm.tpot_p99", "llm.stream_integrity", "llm.goodput"},
 }
 
 
@@ -96,12 +99,12 @@ def error_of(data: dict[str, object], mode: str = "full") -> str:
 # --------------------------------------------------------------------------- packaged
 
 
-def test_the_eight_scenarios_are_packaged() -> None:
-    assert packaged_scenarios() == EIGHT
+def test_the_packaged_scenarios_are_the_known_list() -> None:
+    assert packaged_scenarios() == PACKAGED
     assert resources.files("scenarios").joinpath("spike.toml").is_file()
 
 
-@pytest.mark.parametrize("name", EIGHT)
+@pytest.mark.parametrize("name", PACKAGED)
 @pytest.mark.parametrize("mode", ["quick", "full"])
 def test_packaged_scenario_parses(name: str, mode: str) -> None:
     s = load_scenario(name, mode).with_cores(2)  # type: ignore[arg-type]
@@ -125,7 +128,7 @@ def test_packaged_scenario_parses(name: str, mode: str) -> None:
     assert s.load.calibrate == s.needs_capacity
 
 
-@pytest.mark.parametrize("name", EIGHT)
+@pytest.mark.parametrize("name", PACKAGED)
 def test_quick_variant_is_short_and_full_is_longer(name: str) -> None:
     quick = load_scenario(name, "quick").with_cores(2)
     full = load_scenario(name, "full").with_cores(2)
@@ -141,7 +144,7 @@ def test_quick_checklist_fits_twelve_minutes_with_calibration() -> None:
     start-up, drain and judging (within one acceptance the capacity is probed once)."""
     total = 0.0
     n = 0
-    for name in EIGHT:
+    for name in PACKAGED:
         if name in FULL_ONLY:  # not in the quick checklist
             continue
         n += 1
@@ -155,7 +158,7 @@ def test_soak_full_is_one_hour() -> None:
 
 
 def test_every_packaged_file_documents_itself() -> None:
-    for name in EIGHT:
+    for name in PACKAGED:
         text = resources.files("scenarios").joinpath(f"{name}.toml").read_text()
         head = text.split("\n\n")[0]
         assert head.startswith(f"# {name} —"), name
@@ -339,7 +342,7 @@ def test_missing_scenario_names_the_known_ones() -> None:
         load_scenario("spikes")
     msg = str(e.value)
     assert "'spikes' is not a packaged scenario (did you mean 'spike'?)" in msg
-    assert all(n in msg for n in EIGHT)
+    assert all(n in msg for n in PACKAGED)
     with pytest.raises(
         ConfigError, match=r"scenario file /nonexistent/x.toml does not exist.*spike"
     ):
@@ -538,7 +541,7 @@ def test_packaged_check_overrides_are_parameters_the_checks_know() -> None:
     from harness.checks.registry import REGISTRY, validate_overrides
 
     checked = 0
-    for name in EIGHT:
+    for name in PACKAGED:
         for mode in ("quick", "full"):
             for cid, over in load_scenario(name, mode).check_config().items():  # type: ignore[arg-type]
                 if over:

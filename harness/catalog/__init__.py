@@ -60,7 +60,7 @@ _P99_SLO = "≤ your SLO (packaged: 500 ms)"
 
 CATALOG = Catalog(
     ("cold_start", "steady", "spike", "priority", "soak", "linearity", "integrity")
-    + ("contention", "network", "freeze", "crash", "shutdown", "accounting"),
+    + ("contention", "network", "freeze", "crash", "shutdown", "llm", "accounting"),
     [
         CheckDecl(
             "cold_start.time_to_ready_s",
@@ -456,6 +456,52 @@ CATALOG = Catalog(
             passes_when="exits with code 0 ≤ {threshold} s after SIGTERM (not SIGKILLed "
             "at the drain timeout; an exit code nobody could read is not judged)",
             scenarios=("rolling_shutdown",),
+        ),
+        CheckDecl(
+            "llm.ttft_p99",
+            unit="ms",
+            op="<=",
+            # MLPerf Inference's Server-scenario bound for Llama-3.1-8B (2000 ms TTFT); an
+            # interactive service sets 500 ms (MLPerf's interactive profile)
+            defaults=_defaults(threshold=2000.0, stage="", min_requests=100),
+            summary="p99 time to first token of the streams at the rated load (failed "
+            "requests counted as over it)",
+            passes_when="p99 time to first token ≤ {threshold} ms (MLPerf's Server bound "
+            "for an 8B model; > 1 % failed streams is a failure)",
+            scenarios=("llm_steady",),
+        ),
+        CheckDecl(
+            "llm.tpot_p99",
+            unit="ms",
+            op="<=",
+            # MLPerf's Server bound for Llama-3.1-8B (100 ms TPOT); interactive: 30 ms
+            defaults=_defaults(threshold=100.0, stage="", min_requests=100),
+            summary="p99 over requests of time per output token, (last − first token) / "
+            "(tokens − 1)",
+            passes_when="p99 time per output token ≤ {threshold} ms (MLPerf's Server bound "
+            "for an 8B model)",
+            scenarios=("llm_steady",),
+        ),
+        CheckDecl(
+            "llm.stream_integrity",
+            unit="streams",
+            op="<=",
+            defaults=_defaults(threshold=0, stage="", min_requests=20),
+            summary="streams with a problem of form or content: usage ≠ tokens sent, no "
+            "finish reason or [DONE], an error under a 200, another request's tokens",
+            passes_when="≤ {threshold} streams with a wrong usage, a missing finish reason "
+            "or [DONE], an error under a 200, or (reference server) tokens not its own",
+            scenarios=("llm_steady",),
+        ),
+        CheckDecl(
+            "llm.goodput",
+            unit="ratio",
+            op=">=",
+            defaults=_defaults(threshold=0.99, stage="", min_requests=100),
+            summary="share of the requests sent (and dropped) that got a whole answer",
+            passes_when="≥ {threshold:%} of the requests get a whole answer (an error, a "
+            "timeout, a stall, a truncated stream or one without tokens is not)",
+            scenarios=("llm_steady",),
         ),
         CheckDecl(
             "accounting.balanced",

@@ -28,6 +28,7 @@ from harness.checks import (  # noqa: F401
     shutdown,
     soak,
     soak_requests,
+    tokens,
 )
 from harness.checks.engine import (
     RUN_COMPLETED,

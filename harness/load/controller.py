@@ -196,7 +196,9 @@ class HarnessState:
             model=prep.model,
             capacity_rps=prep.capacity_rps,
             inputs=prep.inputs,
-            golden=integrity.golden_to_wire(prep.golden) if prep.golden is not None else None,
+            golden=(
+                integrity.golden_to_wire(prep.golden) if prep.golden is not None else prep.oracle
+            ),
             protocol=self.opts.protocol,
         )
         runner = self.env.runner

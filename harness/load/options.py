@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness import protocols
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessError
 from harness.load.input_options import add_input_options, input_options_from
 from harness.load.scenario import Scenario, load_scenario
 
@@ -114,9 +114,10 @@ def add_options(parser: Any) -> None:
     )
     g.add_argument(
         "--protocol",
-        default=protocols.DEFAULT,
+        default=None,
         env_var="HARNESS_PROTOCOL",
-        help=f"wire protocol (default {protocols.DEFAULT}): {', '.join(protocols.names())} or MODULE:ATTRIBUTE",
+        help=f"wire protocol (default: the scenario's, else {protocols.DEFAULT}): "
+        f"{', '.join(protocols.names())} or MODULE:ATTRIBUTE",
     )
     g.add_argument(
         "--sut-pid",
@@ -392,7 +393,7 @@ def options_from(parsed: Any, form: bool = False) -> Options:
             "PID, its pid on that host)"
         )
     deployment = deployment_options(parsed)
-    protocol = parsed.protocol or protocols.DEFAULT
+    protocol = parsed.protocol or scenario_protocol(parsed.scenario) or protocols.DEFAULT
     protocols.get(protocol)  # unknown: a ConfigError naming the valid ones
     return Options(
         scenario=parsed.scenario,
@@ -460,6 +461,17 @@ class _Typed:
 
     def __getattr__(self, name: str) -> Any:
         return _form_value(self._parsed, name)
+
+
+def scenario_protocol(name_or_path: str | None) -> str | None:
+    """The protocol a scenario file declares (``[load] protocol``); None when it declares
+    none or cannot be read (its errors are reported when it is loaded for the run)."""
+    if not name_or_path:
+        return None
+    try:
+        return load_scenario(name_or_path).load.protocol
+    except HarnessError:
+        return None
 
 
 def scenario_for(opts: Options) -> Scenario:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,17 @@ log = logging.getLogger("harness.load")
 RESOLVE_KEYWORDS = (("batch_size", "--batch-size", 1), ("input_data", "--input-data", None))
 
 
-def resolve_inputs(proto: protocols.WireProtocol, meta: Any, model: str, o: Options) -> Any:
+def resolve_inputs(
+    proto: protocols.WireProtocol,
+    meta: Any,
+    model: str,
+    o: Options,
+    workload: Mapping[str, Any] | None = None,
+) -> Any:
     """``proto.resolve_inputs`` with the options it is given; ``--batch-size`` /
     ``--input-data`` only when set, and a ConfigError naming the option when the protocol
-    does not take it (a protocol of one's own written before they existed)."""
+    does not take it (a protocol of one's own written before they existed). ``workload``
+    (the scenario's ``[llm]`` table) goes to a protocol that takes it (a streaming one)."""
     params = inspect.signature(proto.resolve_inputs).parameters
     open_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     extra: dict[str, Any] = {}
@@ -48,6 +56,8 @@ def resolve_inputs(proto: protocols.WireProtocol, meta: Any, model: str, o: Opti
                 f"resolve_inputs has no {name!r} argument); drop {flag}"
             )
         extra[name] = value
+    if workload is not None and "workload" in params:
+        extra["workload"] = workload
     return proto.resolve_inputs(meta, model, o.inputs, o.sample_request, **extra)
 
 
@@ -86,6 +96,9 @@ class Preparation:
         self.inputs: list[Any] = []  # the pool's inputs, as the protocol builds them
         self.golden: Golden | None = None
         self.golden_summary: dict[str, Any] | None = None
+        # a streaming protocol verified by the reference server's oracle instead of
+        # fetched golden outputs: what the plan tells every process (None: not verifying)
+        self.oracle: dict[str, Any] | None = None
         self.capacity_rps: float | None = None
         self.calibration: dict[str, Any] | None = None
         self.fresh_sut = False
@@ -119,7 +132,9 @@ class Preparation:
         pool, max_batch = self._payloads(base, model, meta)
         load = self.scenario.load
         host, port, _ = http.split_url(base)
-        if load.verify:
+        if load.verify and getattr(self.protocol, "streaming", False):
+            self._stream_oracle(server_meta)
+        elif load.verify:
             self.golden = self._golden(pool, host, port, model)
             self.golden_summary = self.golden.summary()
         self.capacity_rps = load.capacity_rps
@@ -148,6 +163,21 @@ class Preparation:
         golden = target.fetch_golden(pool, host, port, timeout)
         target.keep_golden(path, key, golden)
         return golden
+
+    def _stream_oracle(self, server_meta: Any) -> None:
+        """Streams are checked against the reference server's own oracle when the target is
+        the reference server; any other server's answers cannot be predicted, and are
+        checked for their form (finish reason, usage, ``[DONE]``) only."""
+        from harness.protocols.openai_wire import is_reference_server
+
+        if not is_reference_server(server_meta):
+            log.info(
+                "harness: the target is not the reference LLM server: streams are checked "
+                "for their form (finish reason, usage, [DONE]), not their text"
+            )
+            return
+        self.oracle = {"oracle": "reference_server"}
+        self.golden_summary = {"pool": len(self.inputs), "distinct": len(self.inputs)}
 
     def _start_proxy(self, host: str, port: int) -> None:
         """A scenario with ``network`` chaos sends its load through the fault proxy; the
@@ -229,7 +259,7 @@ class Preparation:
         o = self.opts
         load = self.scenario.load
         proto = self.protocol
-        template = resolve_inputs(proto, meta, model, o)
+        template = resolve_inputs(proto, meta, model, o, workload=self.scenario.llm)
         max_batch = proto.max_batch(meta)
         pool_size = load.pool_size or max(64, 4 * max_batch)
         self.inputs = proto.generate_inputs(template, pool_size, load.seed)

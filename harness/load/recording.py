@@ -30,6 +30,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
+from harness.load.stream_recording import StreamStats
 from harness.results import hdr
 from harness.results.readers import window_percentiles
 from harness.results.records import (
@@ -136,6 +137,9 @@ class Recording:
         self._watermarks: dict[str, int] = {}
         self._summarised_through = 0
         self.by_source: Counter[str] = Counter()  # master: requests scheduled per worker
+        # a streaming protocol's token statistics (harness.load.stream_exchange), by traffic
+        # class and by stage; empty for any other protocol
+        self.tokens: dict[str, StreamStats] = {"class": StreamStats(), "stage": StreamStats()}
         self.closed = False
 
     # -- recording (worker side) ------------------------------------------------------
@@ -297,6 +301,8 @@ class Recording:
                 [[c, s, n] for (c, s), n in self.in_flight_by_cell.items()] if final else []
             ),
         }
+        if any(t.cells for t in self.tokens.values()):
+            delta["tokens"] = {k: t.drain() for k, t in self.tokens.items()}
         self.stages = {}
         self.dispatch_lag = hdr.new_histogram()
         self.error_latency = hdr.new_histogram()
@@ -347,6 +353,9 @@ class Recording:
             same = sum(1 for e in self.examples if e.get("kind") == ex.get("kind"))
             if same < MAX_EXAMPLES_PER_KIND:
                 self.examples.append(ex)
+        for key, data in (delta.get("tokens") or {}).items():
+            if key in self.tokens:
+                self.tokens[key].merge(data)
         self.in_flight_final += int(delta.get("in_flight") or 0)
         for cls, stage, n in delta.get("in_flight_by") or []:
             self.in_flight_final_by[(cls, stage)] += int(n)

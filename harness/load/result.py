@@ -25,6 +25,7 @@ from harness.results.records import (
     ScenarioResult,
     ServerStats,
     Stage,
+    Tokens,
     TrafficClass,
     Windows,
 )
@@ -184,4 +185,8 @@ def scenario_result(
     )
     if server_stats is not None:  # absent when the server offers no statistics
         result["server_stats"] = server_stats
+    if any(t.cells for t in rec.tokens.values()):  # a streaming protocol's
+        result["tokens"] = Tokens(
+            by_class=rec.tokens["class"].summary(), by_stage=rec.tokens["stage"].summary()
+        )
     return result

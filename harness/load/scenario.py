@@ -162,6 +162,11 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
     raw_chaos = top.take("chaos", [])
     checks = _parse_checks(top.take("checks"), src)
     defined_by = _parse_defined_by(top.take("defined_by"), checks, src)
+    llm = top.take("llm")
+    if llm is not None:
+        from harness.load.llm_workload import config_from_table
+
+        config_from_table(llm, src)  # a bad key or length: a ConfigError now, naming it
     top.done()
 
     chaos = parse_chaos(raw_chaos, src)
@@ -225,6 +230,7 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
         defined_by=defined_by,
         linearity=linearity,
         contention=contention,
+        llm=MappingProxyType(dict(llm)) if llm is not None else None,
     )
 
 
@@ -249,6 +255,7 @@ def _parse_load(raw: Any, src: str) -> LoadConfig:
         verify=t.boolean("verify", d.verify),
         pool_size=t.number("pool_size", None, integer=True, positive=True),
         fresh_sut=t.boolean("fresh_sut", d.fresh_sut),
+        protocol=t.string("protocol", None),
     )
     t.done()
     return cfg

@@ -71,6 +71,9 @@ class LoadConfig:
     verify: bool = True  # integrity-check every response against golden outputs
     pool_size: int | None = None  # distinct inputs; None = plugin picks (≥ 4 × max batch)
     fresh_sut: bool = False  # needs a SUT started by the harness just before the load
+    # the wire protocol the scenario is written for ("openai": token streams); None: the
+    # run's --protocol (default kserve-v2)
+    protocol: str | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,9 @@ class Scenario:
     # --duration for a timeline that does not exist yet (linearity points = "auto"):
     # applied by with_cores once the stages are known
     duration_target_s: float | None = None
+    # the [llm] table: the token workload a streaming protocol sends
+    # (harness.load.llm_workload.config_from_table; checked when the run starts)
+    llm: Mapping[str, Any] | None = None
 
     @property
     def duration_s(self) -> float:

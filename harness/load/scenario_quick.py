@@ -25,6 +25,7 @@ TOP_KEYS = (
     "checks",
     "linearity",
     "contention",
+    "llm",
     "quick",
 )
 _SCALED_TABLES = ("stages", "chaos", "linearity", "contention")

@@ -35,6 +35,7 @@ from harness.load.integrity import Golden, golden_from_wire
 from harness.load.payloads import ClassParams, PayloadPool, make_id
 from harness.load.recording import Recording
 from harness.load.scenario import Scenario, Stage
+from harness.load.stream_exchange import StreamExchange
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,16 @@ class Engine:
         self._request_names = {
             c.name: f"{self.protocol.request_name} [{c.name}]" for c in scenario.classes
         }
-        self.golden: Golden | None = golden_from_wire(plan.golden) if plan.golden else None
+        # a streaming protocol (--protocol openai) reads each answer as it arrives
+        self.streams: StreamExchange | None = None
+        self.golden: Golden | None = None
+        if getattr(self.protocol, "streaming", False):
+            oracle = bool(plan.golden) and plan.golden.get("oracle") == "reference_server"
+            self.streams = StreamExchange(
+                plan.inputs, recording, self.timeout_s, verify=oracle, clock=clock
+            )
+        elif plan.golden:
+            self.golden = golden_from_wire(plan.golden)
         # t = 0 of the scenario on this process's monotonic clock
         self.origin = clock() - (wall() - plan.origin_unix)
         self._seq = itertools.count()
@@ -201,7 +211,7 @@ class Engine:
         due = self.origin + t
         start = self.clock()
         self.recording.sent(cls, stage, t, (start - due) * 1e6)
-        outcome, length = self._exchange(raw, index, rid, t)
+        outcome, length = self._exchange(raw, index, rid, t, cls=cls, stage=stage)
         end = self.clock()
         latency_ms = (end - due) * 1000.0
         self.recording.done(cls, stage, t, outcome, latency_ms * 1000.0)
@@ -226,7 +236,7 @@ class Engine:
         rec.sent(cls, stage.name, t, None)
         start = self.clock()
         try:
-            outcome, length = self._exchange(raw, index, rid, t, conn)
+            outcome, length = self._exchange(raw, index, rid, t, conn, cls=cls, stage=stage.name)
         except BaseException:
             # Locust killed the user mid-request (stage change, stop): account for it.
             rec.done(cls, stage.name, t, "cancelled", (self.clock() - start) * 1e6)
@@ -243,12 +253,21 @@ class Engine:
     # -- one exchange, verified ------------------------------------------------------
 
     def _exchange(
-        self, raw: bytes, index: int, rid: str, t: float, conn: http.Connection | None = None
+        self,
+        raw: bytes,
+        index: int,
+        rid: str,
+        t: float,
+        conn: http.Connection | None = None,
+        cls: str = "",
+        stage: str = "",
     ) -> tuple[str, int]:
         own = conn is None
         if own:
             conn = self.conns.acquire()
         try:
+            if self.streams is not None:
+                return self.streams.exchange(conn, raw, index, cls, stage, self.origin + t, t)
             status, body = conn.exchange(raw, self.timeout_s)
         except http.RequestTimeout:
             return "timeout", 0

@@ -4,7 +4,8 @@ Everything protocol-specific — the readiness and metadata endpoints, request b
 answer parsing for the integrity check, the server's statistics — lives in one module
 per protocol; the rest of the harness asks the protocol (``WireProtocol`` in
 ``protocol.py``) and never names an endpoint itself. ``kserve-v2`` (``kserve_v2.py``,
-KServe V2 / Open Inference Protocol over REST) is the default.
+KServe V2 / Open Inference Protocol over REST) is the default; ``openai``
+(``openai_wire.py``: OpenAI-compatible chat, streamed token by token) is the other.
 
 ``get(NAME)`` finds a registered protocol. A name of the form ``MODULE:ATTRIBUTE``
 imports MODULE on first use and takes its ATTRIBUTE — a ``WireProtocol`` instance, or a
@@ -19,6 +20,7 @@ import importlib
 
 from harness.errors import ConfigError
 from harness.protocols.kserve_v2 import KServeV2
+from harness.protocols.openai_wire import OpenAIChat
 from harness.protocols.protocol import (
     ID_WIDTH,
     BadResponse,
@@ -89,3 +91,4 @@ def default() -> WireProtocol:
 
 
 register(KServeV2())
+register(OpenAIChat())

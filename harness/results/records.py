@@ -243,6 +243,17 @@ class ServerStats(TypedDict):
     missing: NotRequired[dict[str, str]]  # stage → why it has no figures
 
 
+class Tokens(TypedDict):
+    """``tokens``: a streaming protocol's per-request token statistics
+    (``harness.load.stream_recording.StreamStats.summary``), by traffic class and by stage:
+    counts (requests, ok, failed, tokens in and out, streams verified and wrong), goodput,
+    every problem code seen, and TTFT / TPOT / inter-token / end-to-end / longest-gap
+    percentiles in ms. Absent for a protocol that does not stream."""
+
+    by_class: dict[str, Any]
+    by_stage: dict[str, Any]
+
+
 class Load(TypedDict):
     mode: Literal["open", "closed"]
     arrival: str
@@ -299,6 +310,7 @@ class ScenarioResult(TypedDict):
     sut: NotRequired[dict[str, Any] | None]  # merged runs: this scenario's own server
     loadgen: NotRequired[dict[str, Any] | None]
     server_stats: NotRequired[ServerStats]  # the server's statistics extension
+    tokens: NotRequired[Tokens]  # a streaming protocol's token statistics
     attempts: NotRequired[list[Attempt]]  # earlier attempts set aside as invalid
     # what validity could not judge for want of a measurement (another tenant's CPU when
     # no sampler ran): said with the verdict, not a reason the run is invalid

@@ -1,0 +1,124 @@
+"""One streamed request of a scenario run: read as it arrives, judged, recorded twice.
+
+The load engine (``harness.load.users.Engine``) hands a streaming protocol's request here
+(``--protocol openai``). ``StreamExchange.exchange`` reads the answer event by event
+(``harness.load.stream_http.exchange_stream``), timed from the request's **intended** send
+time like every other request of the run, and
+
+- returns the request's **outcome** for the run's ordinary counters, so every existing
+  check (error rate, p99 of end-to-end time, recovery, soak trends) reads a stream as one
+  request: ``ok``; ``http_NNN``; ``connection`` (no answer); ``timeout`` (the run's
+  ``request_timeout_s`` ended it); ``stall`` (no byte for ``stall_s``); ``truncated``
+  (the stream ended without its finish reason or ended inside an event);
+  ``error_in_stream`` (an error object under a 200); ``no_tokens``; ``bad_response``
+  (an event that is not JSON); ``cross_wired`` (the tokens are not this request's: with
+  the reference server's oracle only);
+- records the stream into the recording's token statistics by traffic class and by stage
+  (``Recording.tokens``): TTFT, TPOT, inter-token gaps, tokens in and out, and every
+  problem code seen — a wrong ``usage``, a missing ``[DONE]`` or usage chunk, data after
+  ``[DONE]`` are counted there (``llm.stream_integrity``) without failing the request;
+- with ``expected`` (the reference server's oracle, one per pool input) checks the text,
+  finish reason and ``usage`` of every stream, and counts the run's integrity results
+  (``ok`` / ``cross_wired``) as the V2 golden check does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from harness.load import http
+from harness.load.recording import Recording
+from harness.load.stream_http import StreamLimits, exchange_stream
+from harness.protocols.openai_stream import Expectation, ProblemCode, StreamRecord
+
+# the outcome a failed stream counts as, by its first failing problem (in this order)
+_OUTCOMES: tuple[tuple[ProblemCode, str], ...] = (
+    (ProblemCode.DEADLINE, "timeout"),
+    (ProblemCode.STALL, "stall"),
+    (ProblemCode.ERROR_IN_STREAM, "error_in_stream"),
+    (ProblemCode.MALFORMED_EVENT, "bad_response"),
+    (ProblemCode.TRUNCATED_AT_CLOSE, "truncated"),
+    (ProblemCode.NO_FINISH_REASON, "truncated"),
+    (ProblemCode.TRANSPORT_ERROR, "truncated"),
+    (ProblemCode.NO_TOKENS, "no_tokens"),
+)
+# the stall timer when the run's timeout is longer: a stream without one byte for this
+# long is stalled whatever its length (vLLM's own keep-alive is far shorter)
+STALL_S = 30.0
+
+
+def expectations(inputs: Sequence[Mapping[str, Any]]) -> list[Expectation]:
+    """The reference server's answer to each pool input (its oracle)."""
+    from harness.protocols.openai import reference_expectation
+
+    return [Expectation.from_completion(reference_expectation(i["body"])) for i in inputs]
+
+
+def outcome_of(rec: StreamRecord) -> str:
+    """The run's outcome for one stream (see the module docstring)."""
+    if rec.status is None:
+        return "connection"
+    if rec.status != 200:
+        return f"http_{rec.status}"
+    codes = rec.codes()
+    for code, outcome in _OUTCOMES:
+        if code in codes:
+            return outcome
+    if ProblemCode.WRONG_TEXT in codes:
+        return "cross_wired"
+    return "ok"
+
+
+class StreamExchange:
+    """The streaming half of one load process's engine."""
+
+    def __init__(
+        self,
+        inputs: Sequence[Mapping[str, Any]],
+        recording: Recording,
+        timeout_s: float,
+        verify: bool,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.recording = recording
+        self.clock = clock
+        self.limits = StreamLimits(deadline_s=timeout_s, stall_s=min(timeout_s, STALL_S))
+        self.prompt_tokens = [i.get("prompt_tokens") for i in inputs]
+        self.expected: list[Expectation] | None = expectations(inputs) if verify else None
+
+    def exchange(
+        self,
+        conn: http.Connection,
+        raw: bytes,
+        index: int,
+        cls: str,
+        stage: str,
+        due: float,
+        t: float,
+    ) -> tuple[str, int]:
+        """Send ``raw`` on ``conn``, read its stream, record it; (outcome, output tokens)."""
+        expected = self.expected[index] if self.expected is not None else None
+        rec = exchange_stream(
+            conn,
+            raw,
+            self.limits,
+            intended_at=due,
+            clock=self.clock,
+            expected=expected,
+            prompt_tokens=self.prompt_tokens[index],
+        )
+        outcome = outcome_of(rec)
+        tokens = self.recording.tokens
+        tokens["class"].record(cls, rec, verified=expected is not None)
+        tokens["stage"].record(stage, rec, verified=expected is not None)
+        if expected is not None and rec.status == 200 and not rec.failed:
+            if outcome == "cross_wired":
+                self.recording.integrity_result(
+                    "cross_wired",
+                    {"sent_input": index, "t": round(t, 3), "text_start": rec.text[:80]},
+                )
+            else:
+                self.recording.integrity_result("ok")
+        return outcome, rec.output_tokens

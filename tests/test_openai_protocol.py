@@ -1,0 +1,145 @@
+"""The OpenAI-compatible chat API as a scenario protocol (``--protocol openai``): request
+bodies built from the token workload with the id spliced into ``user``, a model the server
+does not list refused before load, each stream's outcome for the run's counters, and the
+token checks (``llm.*``) judged from the per-stage token statistics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from harness import protocols
+from harness.checks import REGISTRY, Check, resolve_params
+from harness.errors import ConfigError
+from harness.load.stream_exchange import outcome_of
+from harness.load.stream_recording import StreamStats
+from harness.protocols import ClassParams
+from harness.protocols.openai import reference_expectation
+from harness.protocols.openai_stream import Expectation
+from harness.protocols.openai_wire import is_reference_server
+from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
+from harness.testing.results import scenario
+from reference_server.llm.tokens import chat_prompt, count_tokens
+
+META = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "reference_server"}]}
+PROTO = protocols.get("openai")
+
+
+def _pool(count: int = 8, seed: int = 1, **table: Any) -> list[dict[str, Any]]:
+    template = PROTO.resolve_inputs(META, "m", tuple(f"{k}={v}" for k, v in table.items()), None)
+    return PROTO.generate_inputs(template, count, seed)
+
+
+def test_the_pool_is_the_seeded_workload_with_exact_prompt_lengths() -> None:
+    pool = _pool(16, seed=3, input="uniform:min=20,max=40", output=12)
+    assert pool == _pool(16, seed=3, input="uniform:min=20,max=40", output=12)
+    assert pool != _pool(16, seed=4, input="uniform:min=20,max=40", output=12)
+    for item in pool:
+        body = item["body"]
+        assert body["max_tokens"] == item["max_tokens"] == 12 and body["ignore_eos"] is True
+        assert 20 <= item["prompt_tokens"] <= 40
+        assert count_tokens(chat_prompt(body["messages"])) == item["prompt_tokens"]
+        json.dumps(item)  # the plan carries it to every worker
+
+
+def test_a_request_is_a_streamed_chat_body_with_its_id_in_user() -> None:
+    item = _pool(1)[0]
+    before, after = PROTO.request_parts(item, ClassParams("default"))
+    body = json.loads(before + b"00ab00000000002a" + after)
+    assert body["user"] == "00ab00000000002a"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert "priority" not in body  # vLLM refuses one unless it schedules by priority
+    hi = json.loads(b"X".join(PROTO.request_parts(item, ClassParams("high", priority=1))))
+    assert hi["priority"] == 1
+    # the oracle reads what decides the answer, not the id
+    assert reference_expectation(body) == reference_expectation(item["body"])
+
+
+def test_bad_workload_input_and_models_are_refused_before_load() -> None:
+    with pytest.raises(ConfigError, match="does not list"):
+        PROTO.resolve_inputs(META, "other", (), None)
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        PROTO.resolve_inputs(META, "m", ("input:FP32:1,256",), None)
+    with pytest.raises(ConfigError, match="workload"):
+        PROTO.resolve_inputs(META, "m", ("workload=multi_turn",), None)
+    with pytest.raises(ConfigError, match="sample-request"):
+        PROTO.resolve_inputs(META, "m", (), "req.json")
+    assert PROTO.default_model(META) == "m"
+    assert is_reference_server(META)
+    assert not is_reference_server({"data": [{"id": "m", "owned_by": "vllm"}]})
+
+
+def _stream(
+    ttft: float, gap: float, n: int, *, finish: bool = True, usage: int | None = None
+) -> Any:
+    events = [(ttft + i * gap, chunk_event(f" w{i}")) for i in range(n)]
+    end = events[-1][0]
+    if finish:
+        events.append((end, chunk_event(finish_reason="length")))
+        events.append((end, chunk_event(usage=(5, n if usage is None else usage))))
+    events.append((end, DONE_EVENT))
+    # one token per event (a server that is not the reference server is read so)
+    return synthetic_record(events, usage_requested=True, count_tokens=None)
+
+
+def test_a_streams_outcome_names_what_ended_it() -> None:
+    assert outcome_of(_stream(0.05, 0.01, 8)) == "ok"
+    # usage that disagrees is a stream-integrity problem, not a failed request
+    assert outcome_of(_stream(0.05, 0.01, 8, usage=7)) == "ok"
+    assert outcome_of(_stream(0.05, 0.01, 8, finish=False)) == "truncated"
+    assert outcome_of(synthetic_record([], status=429)) == "http_429"
+    right = _stream(0.05, 0.01, 3)
+    wrong = Expectation(text="something else entirely", finish_reason="length")
+    events = [(0.05 + i * 0.01, chunk_event(f" w{i}")) for i in range(3)]
+    events += [(0.08, chunk_event(finish_reason="length")), (0.08, DONE_EVENT)]
+    assert outcome_of(synthetic_record(events, expected=wrong)) == "cross_wired"
+    assert outcome_of(right) == "ok"
+
+
+def _tokens(streams: list[Any], dropped: int = 0) -> dict[str, Any]:
+    by_stage = StreamStats()
+    for rec in streams:
+        by_stage.record("steady", rec)
+    for _ in range(dropped):
+        by_stage.dropped("steady")
+    return {"by_class": by_stage.summary(), "by_stage": by_stage.summary()}
+
+
+def _judge(check_id: str, streams: list[Any], dropped: int = 0, **params: Any) -> Check:
+    sc = scenario("llm_steady", 30.0, tokens=_tokens(streams, dropped))
+    return REGISTRY[check_id].fn(sc, resolve_params(check_id, {"stage": "steady", **params}))
+
+
+def test_ttft_and_tpot_p99_judge_the_stage_and_count_failures_as_over() -> None:
+    healthy = [_stream(0.08, 0.02, 16) for _ in range(150)]
+    slow_start = healthy[:140] + [_stream(3.0, 0.02, 16) for _ in range(10)]
+    assert _judge("llm.ttft_p99", healthy).passed is True
+    ttft = _judge("llm.ttft_p99", slow_start)
+    assert ttft.passed is False and ttft.value == pytest.approx(3000, rel=0.01)
+    stalled = healthy[:140] + [_stream(0.08, 0.5, 16) for _ in range(10)]
+    assert _judge("llm.tpot_p99", healthy).passed is True
+    assert _judge("llm.tpot_p99", stalled).passed is False
+    broken = healthy[:140] + [_stream(0.08, 0.02, 16, finish=False) for _ in range(10)]
+    c = _judge("llm.ttft_p99", broken)
+    assert c.passed is False and "10 of 150 requests failed" in c.detail
+    few = _judge("llm.ttft_p99", healthy[:50])
+    assert few.passed is None and "too few" in few.detail
+
+
+def test_stream_integrity_counts_wrong_usage_and_goodput_counts_whole_answers() -> None:
+    healthy = [_stream(0.08, 0.02, 16) for _ in range(100)]
+    assert _judge("llm.stream_integrity", healthy).passed is True
+    lying = healthy[:97] + [_stream(0.08, 0.02, 16, usage=15) for _ in range(3)]
+    c = _judge("llm.stream_integrity", lying)
+    assert c.passed is False and c.value == 3 and "usage_mismatch 3" in c.detail
+    assert _judge("llm.goodput", lying).passed is True  # whole answers, wrong usage
+    cut = healthy[:95] + [_stream(0.08, 0.02, 16, finish=False) for _ in range(5)]
+    g = _judge("llm.goodput", cut)
+    assert g.passed is False and g.value == pytest.approx(0.95)
+    assert _judge("llm.goodput", healthy, dropped=2).value == pytest.approx(100 / 102, abs=1e-4)
+    none = REGISTRY["llm.goodput"].fn(
+        scenario("steady_state", 30.0), resolve_params("llm.goodput", {})
+    )
+    assert none.passed is None and "--protocol openai" in none.detail
