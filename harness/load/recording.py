@@ -50,6 +50,9 @@ FIXED_FAILURES = (
     "id_mismatch",
     "cancelled",  # closed loop: Locust stopped the user while its request was out
 )
+# how a streamed answer (harness.load.stream_exchange) can fail besides the above; counted
+# only when seen, so a run of another protocol lists none of them
+STREAM_FAILURES = ("stall", "truncated", "error_in_stream", "no_tokens")
 INTEGRITY_KINDS = ("cross_wired", "drift", "id_mismatch")
 MAX_EXAMPLES_PER_KIND = 5
 
@@ -90,7 +93,7 @@ def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> Counters:
     """The results-document record of outcome counters (``failed`` broken down by kind)."""
     failed = {k: 0 for k in ("http_503", "http_500", *FIXED_FAILURES)}
     for key, value in counts.items():
-        if key.startswith("http_") or key in FIXED_FAILURES:
+        if key.startswith("http_") or key in FIXED_FAILURES or key in STREAM_FAILURES:
             failed[key] = failed.get(key, 0) + int(value)
     return Counters(
         scheduled=int(counts.get("scheduled", 0)),

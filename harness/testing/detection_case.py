@@ -54,6 +54,7 @@ class DetectionCase:
     expect_pass: bool = False  # a healthy control: every check must pass
     generalisation: bool = False  # a defect shape the checks were not tuned on
     timeout_s: float = 300.0  # hard bound on the harness subprocess
+    api: str = "kserve-v2"  # the reference server's --api: "openai" is its LLM server
 
     @property
     def intended(self) -> tuple[str, ...]:
@@ -76,6 +77,11 @@ class DetectionCase:
         return self.fault.format(per_request=value)
 
     def sut_cmd(self, capacity_rps: float | None, python: str = sys.executable) -> str:
+        if self.api == "openai":  # the LLM server: one engine, no model or threads to pick
+            parts = [python, "-m", "reference_server", "--api", "openai"]
+            parts += ["--fault", self.fault] if self.fault else []
+            parts += list(self.server_args)
+            return " ".join(shlex.quote(p) for p in parts) + " --port {port}"
         parts = [python, "-m", "reference_server", "--model", self.model]
         spec = self.fault_spec(capacity_rps)
         if spec is not None:

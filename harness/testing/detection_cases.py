@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 from harness.testing.detection_case import MIB, SIM_LINEARITY_ARGS, DetectionCase
 from harness.testing.detection_chaos_cases import CHAOS_CASES
+from harness.testing.detection_llm_cases import LLM_CASES
 
 _BACKLOG = "the same unbounded backlog seen from the latency side"
 
@@ -436,6 +437,7 @@ CASES: tuple[DetectionCase, ...] = (
         "with two cores, because linearity is skipped for the default 1-core SUT",
     ),
     *CHAOS_CASES,
+    *LLM_CASES,
 )
 
 # Checks no server defect can fail, and where they are proven instead. Every other check

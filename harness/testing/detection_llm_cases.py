@@ -1,0 +1,81 @@
+"""The detection matrix's rows for an OpenAI-compatible LLM server: each token check failed
+by a planted defect of the reference LLM server (``python -m reference_server --api openai
+--fault ...``, reference_server/llm/faults.py) in the ``llm_steady`` scenario, and passed by
+the healthy server under the same conditions.
+
+Every case runs ``llm_steady --quick --duration 20``: 17.5 s of steady load at 8 requests/s
+(about 140 streams: a p99 from at least 100 values; each check's ``min_requests``).
+"""
+
+from __future__ import annotations
+
+from harness.testing.detection_case import DetectionCase
+
+# 2.5 s of warm-up and 17.5 s of steady load: ~140 streams in the judged stage
+LLM_DURATION_S = 20.0
+
+LLM_CASES: tuple[DetectionCase, ...] = (
+    DetectionCase(
+        name="healthy-llm-steady",
+        defect="none (healthy control)",
+        scenario="llm_steady",
+        check="llm.ttft_p99",
+        api="openai",
+        duration_s=LLM_DURATION_S,
+        expect_pass=True,
+        why="the healthy twin of every row below: same scenario, rate, duration and server",
+    ),
+    DetectionCase(
+        name="llm-static-batching",
+        defect="request-level (static) batching: a request joins only when the running "
+        "batch has drained",
+        scenario="llm_steady",
+        check="llm.ttft_p99",
+        api="openai",
+        fault="static-batching",
+        duration_s=LLM_DURATION_S,
+        why="a request arriving mid-batch waits for the batch's longest stream (up to 48 "
+        "tokens of ~50 ms steps: ~2.4 s) before its first token, against ~0.1 s when it "
+        "joins at the next step",
+    ),
+    DetectionCase(
+        name="llm-stream-stall",
+        defect="every tenth stream held 5 s after its fourth token, kept open by SSE "
+        "keep-alive comments",
+        scenario="llm_steady",
+        check="llm.tpot_p99",
+        api="openai",
+        fault="stream-stall:5",
+        duration_s=LLM_DURATION_S,
+        why="a held stream's TPOT is (5 s + its decode) / (tokens - 1): 0.15-0.35 s for "
+        "16-48 tokens, in 10 % of the streams, so the p99 is one of them; the comments "
+        "keep the connection alive (no stall timeout, no failure: the answer is whole)",
+    ),
+    DetectionCase(
+        name="llm-usage-lie",
+        defect="usage.completion_tokens one more than the tokens sent",
+        scenario="llm_steady",
+        check="llm.stream_integrity",
+        api="openai",
+        fault="usage-lie",
+        duration_s=LLM_DURATION_S,
+        why="every stream's usage disagrees with its tokens: billing and client token "
+        "accounting are wrong while every latency and every answer looks healthy",
+    ),
+    DetectionCase(
+        name="llm-error-in-200",
+        defect="5 % of streams fail half way with an error object under their 200",
+        scenario="llm_steady",
+        check="llm.goodput",
+        api="openai",
+        fault="error-in-200:0.05",
+        duration_s=LLM_DURATION_S,
+        allowed={
+            "llm.stream_integrity": "an error under a 200 is also a malformed stream",
+            "llm.ttft_p99": "more than 1 % of the requests failed: the p99 is a failure",
+            "llm.tpot_p99": "more than 1 % of the requests failed: the p99 is a failure",
+        },
+        why="5 % of requests without a whole answer: goodput ~95 % < 99 %, while the "
+        "status codes are all 200 (a status-code error rate sees nothing)",
+    ),
+)
