@@ -143,3 +143,27 @@ def test_stream_integrity_counts_wrong_usage_and_goodput_counts_whole_answers() 
         scenario("steady_state", 30.0), resolve_params("llm.goodput", {})
     )
     assert none.passed is None and "--protocol openai" in none.detail
+
+
+def test_the_report_shows_the_token_figures_per_stage_in_stage_order() -> None:
+    from harness.report.tokens import COLUMNS, token_rows, tokens_html, tokens_markdown
+
+    by_stage, by_class = StreamStats(), StreamStats()
+    for rec in [_stream(0.08, 0.02, 16) for _ in range(10)]:
+        by_stage.record("steady", rec)
+        by_class.record("default", rec)
+    by_stage.record("warmup", _stream(0.1, 0.02, 16, finish=False))
+    tokens = {"by_class": by_class.summary(), "by_stage": by_stage.summary()}
+    stages = [
+        {"name": "warmup", "start_s": 0.0, "end_s": 2.0},
+        {"name": "steady", "start_s": 2.0, "end_s": 12.0},
+    ]
+    sc = scenario("llm_steady", 12.0, tokens=tokens, stages=stages)
+    rows = token_rows(sc)
+    assert rows is not None and [r[0] for r in rows] == ["warmup", "steady"]
+    steady = dict(zip(COLUMNS, rows[1], strict=True))
+    assert steady["streams"] == "10" and steady["failed"] == "0"
+    assert steady["TTFT p99 ms"] == "80.1" and steady["tokens out/s"] == "16"
+    assert "no_finish_reason 1" in rows[0][-1]
+    assert "Token streams" in tokens_html(sc) and tokens_markdown(sc)[0] == "Token streams:"
+    assert token_rows(scenario("steady_state", 12.0)) is None

@@ -35,6 +35,7 @@ from harness.report.common import (
     verdict_sentence,
 )
 from harness.report.summary import SERVER_SPLIT_COLUMNS, SERVER_SPLIT_TITLE, server_split_rows
+from harness.report.tokens import tokens_html
 from harness.results import readers
 
 _CSS = """
@@ -366,6 +367,7 @@ def _scenario(sc: Mapping[str, Any], index: int, drawn: Sequence[str | plots.Mis
         _latency_table(sc),
         _other_measures(sc),
         _server_split(sc),
+        tokens_html(sc),
         _chaos_list(sc),
         _chaos_bands(sc),
         _plots(sc, slug, drawn),

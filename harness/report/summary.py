@@ -30,6 +30,7 @@ from harness.report.common import (
     skip_reason,
     verdict_sentence,
 )
+from harness.report.tokens import tokens_markdown
 
 ICONS = {
     "pass": "✅",
@@ -139,7 +140,7 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
     if sc.get("not_measured"):
         lines += [f"> 📏 Not measured: {md(n)}" for n in sc["not_measured"]] + [""]
     if not checks:
-        return [*lines, "_No checks were evaluated._", "", *_server_split(sc)]
+        return [*lines, "_No checks were evaluated._", "", *_server_split(sc), *tokens_markdown(sc)]
     lines += ["| check | verdict | value | threshold | n | detail |", "|---|---|---|---|---|---|"]
     for c in checks:
         state = check_state(c)
@@ -149,7 +150,7 @@ def _scenario_table(sc: Mapping[str, Any]) -> list[str]:
             f"| `{md(c['id'])}` | {ICONS[state if state != SKIP else 'skipped']} {word} | {md(fmt_value(c))} | "
             f"{md(fmt_threshold(c))} | {md(fmt_num(c.get('n')))} | {md(detail)} |"
         )
-    return [*lines, "", *_server_split(sc)]
+    return [*lines, "", *_server_split(sc), *tokens_markdown(sc)]
 
 
 def render_summary(doc: Mapping[str, Any]) -> str:
