@@ -45,12 +45,14 @@ def _out_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
 
 
 def _known_faults() -> str:
-    """The fault names this checkout's reference server knows (--help wraps at hyphens)."""
+    """The fault names this checkout's reference server knows, V2 and LLM (--help wraps at
+    hyphens)."""
     return subprocess.run(
         [
             sys.executable,
             "-c",
-            "from reference_server.fault_catalog import FAULT_NAMES as f; print(*f)",
+            "from reference_server.fault_catalog import FAULT_NAMES as f; "
+            "from reference_server.llm.faults import LLM_FAULT_NAMES as g; print(*f, *g)",
         ],
         capture_output=True,
         text=True,
