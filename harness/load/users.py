@@ -211,7 +211,10 @@ class Engine:
         due = self.origin + t
         start = self.clock()
         self.recording.sent(cls, stage, t, (start - due) * 1e6)
-        outcome, length = self._exchange(raw, index, rid, t, cls=cls, stage=stage)
+        if self.streams is None:
+            outcome, length = self._exchange(raw, index, rid, t)
+        else:
+            outcome, length = self._stream(raw, index, cls, stage, t)
         end = self.clock()
         latency_ms = (end - due) * 1000.0
         self.recording.done(cls, stage, t, outcome, latency_ms * 1000.0)
@@ -236,7 +239,10 @@ class Engine:
         rec.sent(cls, stage.name, t, None)
         start = self.clock()
         try:
-            outcome, length = self._exchange(raw, index, rid, t, conn, cls=cls, stage=stage.name)
+            if self.streams is None:
+                outcome, length = self._exchange(raw, index, rid, t, conn)
+            else:
+                outcome, length = self._stream(raw, index, cls, stage.name, t, conn)
         except BaseException:
             # Locust killed the user mid-request (stage change, stop): account for it.
             rec.done(cls, stage.name, t, "cancelled", (self.clock() - start) * 1e6)
@@ -252,22 +258,33 @@ class Engine:
 
     # -- one exchange, verified ------------------------------------------------------
 
-    def _exchange(
+    def _stream(
         self,
         raw: bytes,
         index: int,
-        rid: str,
+        cls: str,
+        stage: str,
         t: float,
         conn: http.Connection | None = None,
-        cls: str = "",
-        stage: str = "",
+    ) -> tuple[str, int]:
+        """A streaming protocol's request: read as it arrives (``StreamExchange``)."""
+        assert self.streams is not None
+        own = conn is None
+        if own:
+            conn = self.conns.acquire()
+        try:
+            return self.streams.exchange(conn, raw, index, cls, stage, self.origin + t, t)
+        finally:
+            if own:
+                self.conns.release(conn)
+
+    def _exchange(
+        self, raw: bytes, index: int, rid: str, t: float, conn: http.Connection | None = None
     ) -> tuple[str, int]:
         own = conn is None
         if own:
             conn = self.conns.acquire()
         try:
-            if self.streams is not None:
-                return self.streams.exchange(conn, raw, index, cls, stage, self.origin + t, t)
             status, body = conn.exchange(raw, self.timeout_s)
         except http.RequestTimeout:
             return "timeout", 0
