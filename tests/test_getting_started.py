@@ -20,13 +20,12 @@ import re
 import shlex
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from harness.testing.locust_runs import REPO, stop
+from harness.testing.server import wait_http_ok
 
 pytestmark = pytest.mark.slow
 
@@ -103,17 +102,8 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > end:
-                    raise AssertionError(
-                        f"the tutorial's server did not start:\n{log.read_text()}"
-                    ) from None
-                time.sleep(0.3)
+        ready = f"http://127.0.0.1:{port}/v2/health/ready"
+        wait_http_ok(ready, server, 60, log, "the tutorial's server")
         line = blocks["run"].strip()
         assert line.count(DOC_PID) == 1 and line.startswith("harness "), line
         line = line.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")

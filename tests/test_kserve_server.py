@@ -27,8 +27,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from typing import Any
 import pytest
 
 from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, stop
+from harness.testing.server import wait_http_ok
 
 pytestmark = pytest.mark.slow
 
@@ -71,17 +70,7 @@ def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/v2/models/{MODEL}/ready", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > end:
-                    raise AssertionError(
-                        f"kserve did not start:\n{log.read_text()[-3000:]}"
-                    ) from None
-                time.sleep(0.5)
+        wait_http_ok(f"{url}/v2/models/{MODEL}/ready", proc, 90, log, "kserve")
         yield url, proc.pid
     finally:
         stop(proc)

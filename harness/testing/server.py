@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -233,6 +234,24 @@ class Answer:
     @property
     def seconds(self) -> float:
         return self.end - self.start
+
+
+def wait_http_ok(
+    url: str, proc: subprocess.Popen[Any], timeout: float, log: Path, what: str
+) -> None:
+    """Poll ``url`` until it answers 2xx; an AssertionError with the tail of ``log`` when
+    ``proc`` (a server a test started) exits first or ``timeout`` passes."""
+    import urllib.request
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > end:
+                raise AssertionError(f"{what} did not start:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.3)
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
