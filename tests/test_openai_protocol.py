@@ -167,3 +167,23 @@ def test_the_report_shows_the_token_figures_per_stage_in_stage_order() -> None:
     assert "no_finish_reason 1" in rows[0][-1]
     assert "Token streams" in tokens_html(sc) and tokens_markdown(sc)[0] == "Token streams:"
     assert token_rows(scenario("steady_state", 12.0)) is None
+
+
+def test_a_stream_the_in_flight_cap_kept_from_being_sent_counts_against_goodput() -> None:
+    from harness.load.recording import Recording
+    from harness.load.stream_exchange import StreamExchange
+
+    rec = Recording()
+    streams = StreamExchange(_pool(2), rec, timeout_s=5.0, verify=False)
+    for _ in range(100):
+        rec.tokens["class"].record("default", _stream(0.08, 0.02, 16))
+        rec.tokens["stage"].record("steady", _stream(0.08, 0.02, 16))
+    for _ in range(3):
+        streams.dropped("default", "steady")
+    tokens = {k: rec.tokens[k].summary() for k in ("class", "stage")}
+    assert tokens["class"]["classes"]["default"]["dropped"] == 3
+    sc = scenario(
+        "llm_steady", 30.0, tokens={"by_class": tokens["class"], "by_stage": tokens["stage"]}
+    )
+    c = REGISTRY["llm.goodput"].fn(sc, resolve_params("llm.goodput", {"stage": "steady"}))
+    assert c.passed is False and "dropped 3" in c.detail

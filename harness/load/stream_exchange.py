@@ -88,6 +88,12 @@ class StreamExchange:
         self.prompt_tokens = [i.get("prompt_tokens") for i in inputs]
         self.expected: list[Expectation] | None = expectations(inputs) if verify else None
 
+    def dropped(self, cls: str, stage: str) -> None:
+        """A request the in-flight cap kept from being sent: not a whole answer
+        (``llm.goodput`` and the p99 checks count it)."""
+        for key, name in (("class", cls), ("stage", stage)):
+            self.recording.tokens[key].dropped(name)
+
     def exchange(
         self,
         conn: http.Connection,

@@ -198,6 +198,8 @@ class Engine:
             rec.scheduled(cls, stage, t)
             if pool.full():
                 rec.dropped(cls, stage, t)
+                if self.streams is not None:  # goodput counts what was never sent
+                    self.streams.dropped(cls, stage)
                 if self.fire_request is not None:
                     self._fire(cls, 0.0, 0, "dropped")
                 continue
