@@ -265,10 +265,10 @@ def test_a_full_waiting_queue_answers_429_with_retry_after() -> None:
         await asyncio.sleep(0.02)
         waiting = asyncio.create_task(request(app, "POST", "/v1/chat/completions", long))
         await asyncio.sleep(0.01)
-        t0 = time.monotonic()
         shed = await request(app, "POST", "/v1/chat/completions", chat(max_tokens=1))
         assert shed.status == 429 and shed.headers["retry-after"] == "1"
-        assert time.monotonic() - t0 < 0.1 and shed.json()["error"]["code"] == 429
+        assert shed.json()["error"]["code"] == 429
+        assert not running.done() and not waiting.done()  # answered at once, not queued
         state.engine.abort_all("shutdown")
         await asyncio.gather(running, waiting)
 
