@@ -91,7 +91,7 @@ def _wait_for_load(out: Path, harness: subprocess.Popen, after_s: float) -> int 
 
 
 def run(out: Path, case: str, after_s: float) -> dict:
-    sut = f"{sys.executable} -m reference_server --port {{port}} --workers 1"
+    sut = f"{sys.executable} -m harness_reference_server --port {{port}} --workers 1"
     harness = subprocess.Popen(
         [
             *(sys.executable, "-m", "harness", "run", "steady_state", "--quick"),

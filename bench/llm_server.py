@@ -1,4 +1,4 @@
-"""Benchmark of the LLM reference server (``python -m reference_server --api openai``):
+"""Benchmark of the LLM reference server (``python -m harness_reference_server --api openai``):
 how faithfully it follows its cost model, and what its streaming costs.
 
     python bench/llm_server.py [--only fidelity,knee,prefix,cost,timer] [--rate-seconds 20]
@@ -45,8 +45,8 @@ from harness.testing.server import (
     start_server,
     wait_until,
 )
-from reference_server.llm.config import LLMConfig
-from reference_server.llm.tokens import VOCABULARY, count_tokens
+from harness_reference_server.llm.config import LLMConfig
+from harness_reference_server.llm.tokens import VOCABULARY, count_tokens
 
 D = LLMConfig()
 MODEL = D.model_name
@@ -312,7 +312,7 @@ def cost(clients: int, seconds: float) -> None:
 def timer(n: int, wait_s: float = 0.0123) -> None:
     import uvloop
 
-    from reference_server.llm.timer import DeadlineTimer
+    from harness_reference_server.llm.timer import DeadlineTimer
 
     async def lateness(use_timerfd: bool) -> list[float]:
         t, out = DeadlineTimer(), []

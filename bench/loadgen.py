@@ -137,7 +137,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "reference_server",
+                "harness_reference_server",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -295,7 +295,7 @@ def main() -> int:
 
     print(
         f"conditions: {os.cpu_count()} CPUs (affinity {cores}); server pinned to {sut_cores}, "
-        f"generators to {gen_cores}; reference_server --model sim (0 ms/batch, {DIMS} inputs); "
+        f"generators to {gen_cores}; harness_reference_server --model sim (0 ms/batch, {DIMS} inputs); "
         f"{args.users} users/connections; window {args.window:g} s of {args.duration:g} s; "
         f"load average {os.getloadavg()[0]:.1f}"
     )

@@ -102,7 +102,7 @@ def main() -> int:
     a = ap.parse_args()
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "reference_server", "--port", str(port)],
+        [sys.executable, "-m", "harness_reference_server", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -111,7 +111,11 @@ def phases(procs: dict[int, Proc], out: Path, launched: float, ended: float) -> 
     prev_end = launched
     for i, loc in enumerate(children):
         server = min(
-            (p for p in procs.values() if p.ppid == loc.pid and "reference_server" in p.argv),
+            (
+                p
+                for p in procs.values()
+                if p.ppid == loc.pid and "harness_reference_server" in p.argv
+            ),
             key=lambda p: p.start,
             default=None,
         )

@@ -46,8 +46,8 @@ import psutil  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.testing.server import start_server  # noqa: E402
-from reference_server.config import parse_config  # noqa: E402
-from reference_server.models import build_model  # noqa: E402
+from harness_reference_server.config import parse_config  # noqa: E402
+from harness_reference_server.models import build_model  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
 # The goals: (batching / no batching at 1 user), (served at 32 users / in-process ceiling
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(model_args)
     small = parse_config(small_args)
 
-    print("# reference_server benchmark")
+    print("# harness_reference_server benchmark")
     print(
         f"machine: {platform.node()} cpus={os.cpu_count()} python={platform.python_version()} "
         f"affinity={sorted(os.sched_getaffinity(0))} load_avg={os.getloadavg()[0]:.2f}"

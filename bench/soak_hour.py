@@ -37,7 +37,7 @@ def leak_every(rate_rps: float, mib_per_h: float) -> int:
 
 
 def harness_argv(out: Path, capacity: float, fault: str | None) -> list[str]:
-    server = [sys.executable, "-m", "reference_server"]
+    server = [sys.executable, "-m", "harness_reference_server"]
     if fault:
         server += ["--fault", fault]
     cmd = " ".join(server) + " --port {port} --workers {threads}"

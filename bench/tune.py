@@ -47,7 +47,7 @@ def tune_argv(out: Path, slo: float) -> list[str]:
         "harness",
         "tune",
         "--sut-cmd",
-        f"{sys.executable} -m reference_server --port {{port}} --max-batch-size {{max_batch}} "
+        f"{sys.executable} -m harness_reference_server --port {{port}} --max-batch-size {{max_batch}} "
         "--max-delay-ms {delay} --workers {workers}",
         "--space",
         "max_batch=1,8,32",

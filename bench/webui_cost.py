@@ -69,7 +69,7 @@ def main() -> int:
     port = _free_port()
     out = Path(tempfile.mkdtemp(prefix="webui-cost-"))
     server = (
-        f"{sys.executable} -m reference_server --model sim --sim-base-ms 2 --sim-item-ms 0.05 "
+        f"{sys.executable} -m harness_reference_server --model sim --sim-base-ms 2 --sim-item-ms 0.05 "
         "--max-batch-size 64 --port {port} --workers {threads}"
     )
     cmd = [

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import locustfiles
 from harness import protocols, sut
 from harness.errors import ConfigError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV
+from harness.packaged import locustfile
 from harness.results import load_document
 
 # How long Locust gets to write its partial results after SIGTERM before SIGKILL.
@@ -37,15 +37,15 @@ STOP_GRACE_S = 30.0
 
 
 def locustfile_path() -> Path:
-    return Path(locustfiles.__file__).resolve().parent / "inference.py"
+    return locustfile("inference")
 
 
 def default_sut_cmd(model: str | None = None, protocol: str | None = None) -> str:
     """The bundled reference server, on the port and with the threads the harness picks;
     for ``protocol`` "openai" its LLM server (one engine: no threads to pick)."""
     if protocol == "openai":
-        return f"{shlex.quote(sys.executable)} -m reference_server --api openai --port {{port}}"
-    cmd = f"{shlex.quote(sys.executable)} -m reference_server --port {{port}} --workers {{threads}}"
+        return f"{shlex.quote(sys.executable)} -m harness_reference_server --api openai --port {{port}}"
+    cmd = f"{shlex.quote(sys.executable)} -m harness_reference_server --port {{port}} --workers {{threads}}"
     if model:
         cmd += f" --model {shlex.quote(model)}"
     return cmd

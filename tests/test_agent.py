@@ -505,7 +505,7 @@ def test_agent_restarts_the_server_it_started(tmp_path) -> None:
     from harness.agent.client import agent_facts
     from harness.load.preflight import TargetFacts, server_cores, unsupported_reason
 
-    cmd = f"{sys.executable} -m reference_server --port {{port}} --model sim"
+    cmd = f"{sys.executable} -m harness_reference_server --port {{port}} --model sim"
     running, stop = _start(tmp_path, sut_cmd=cmd)
     try:
         running.agent.start_sut()

@@ -139,7 +139,7 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
             [
                 sys.executable,
                 "-m",
-                "reference_server",
+                "harness_reference_server",
                 "--host",
                 SERVER_IP,
                 "--port",

@@ -19,7 +19,7 @@ from harness.sut import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
-SERVER = f"{sys.executable} -m reference_server --model sim --port {{port}}"
+SERVER = f"{sys.executable} -m harness_reference_server --model sim --port {{port}}"
 
 
 def harness(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:

@@ -281,14 +281,16 @@ def test_scraper_records_errors_without_raising(tmp_path):
 
 def _reference_server_available() -> bool:
     try:
-        import reference_server  # noqa: F401
+        import harness_reference_server  # noqa: F401
     except ImportError:
         return False
-    return (REPO / "reference_server" / "__main__.py").exists()
+    return (REPO / "harness_reference_server" / "__main__.py").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _reference_server_available(), reason="reference_server not present")
+@pytest.mark.skipif(
+    not _reference_server_available(), reason="harness_reference_server not present"
+)
 def test_harness_sample_watches_the_reference_server(tmp_path):
     """`harness sample` with --metrics-url on the real reference server, under a little load."""
     import urllib.request
@@ -296,7 +298,7 @@ def test_harness_sample_watches_the_reference_server(tmp_path):
     from harness.sut import SutProcess
 
     out = tmp_path / "samples"
-    cmd = [sys.executable, "-m", "reference_server", "--port", "{port}", "--model", "sim"]
+    cmd = [sys.executable, "-m", "harness_reference_server", "--port", "{port}", "--model", "sim"]
     with SutProcess(cmd, log_path=tmp_path / "server.log") as sut:
         sut.wait_ready(timeout=60)
         pid = sut.pid

@@ -1,7 +1,7 @@
 """Detection matrix: every planted defect is caught by its check, and only by it.
 
 Each case (harness/testing/detection_cases.py) runs ``harness run SCENARIO --quick --sut-cmd
-"python -m reference_server --fault ..."`` as a real subprocess: a real server, a real
+"python -m harness_reference_server --fault ..."`` as a real subprocess: a real server, a real
 headless Locust run, the real verdict. A defect case must exit 1 with its intended check
 failed, the value on the wrong side of the threshold, and no check failed that its
 allow-list does not explain; a healthy control must exit 0.
@@ -51,8 +51,8 @@ def _known_faults() -> str:
         [
             sys.executable,
             "-c",
-            "from reference_server.fault_catalog import FAULT_NAMES as f; "
-            "from reference_server.llm.faults import LLM_FAULT_NAMES as g; print(*f, *g)",
+            "from harness_reference_server.fault_catalog import FAULT_NAMES as f; "
+            "from harness_reference_server.llm.faults import LLM_FAULT_NAMES as g; print(*f, *g)",
         ],
         capture_output=True,
         text=True,
@@ -74,7 +74,7 @@ def test_every_check_has_a_defect_that_fails_it() -> None:
 
 
 def test_every_fault_switch_has_a_case() -> None:
-    from reference_server.fault_catalog import FAULT_NAMES
+    from harness_reference_server.fault_catalog import FAULT_NAMES
 
     planted = {(c.fault or "").split(":")[0] for c in CASES}
     assert set(FAULT_NAMES) <= planted, sorted(set(FAULT_NAMES) - planted)
@@ -124,7 +124,9 @@ def test_detection(
     else:
         fault_name = (case.fault or "").split(":")[0]
         if fault_name and fault_name not in server_help.split():
-            pytest.fail(f"reference_server has no fault {fault_name!r} (known: {server_help})")
+            pytest.fail(
+                f"harness_reference_server has no fault {fault_name!r} (known: {server_help})"
+            )
         capacity = capacity_of(healthy_run.doc)
         if case.pin_capacity or "{per_request}" in (case.fault or ""):
             assert capacity, f"healthy run measured no capacity: {healthy_run.out_dir}"

@@ -708,7 +708,7 @@ def test_a_tenant_on_the_servers_core_makes_the_run_invalid_with_the_figure(tmp_
     tenant has gone, and the second attempt is the one judged. The healthy control under
     the same conditions is every other real run in the suite."""
     out = tmp_path / "run"
-    sut = f"{sys.executable} -m reference_server --port {{port}} --workers 1"
+    sut = f"{sys.executable} -m harness_reference_server --port {{port}} --workers 1"
     harness = subprocess.Popen(
         [
             *(sys.executable, "-m", "harness", "run", "steady_state", "--quick"),

@@ -188,7 +188,7 @@ def test_sigkill_of_locust_mid_freeze_leaves_an_attached_server_serving(
 
     port = free_port()
     srv = subprocess.Popen(
-        [sys.executable, "-m", "reference_server", "--model", "mlp", "--port", str(port)],
+        [sys.executable, "-m", "harness_reference_server", "--model", "mlp", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -224,7 +224,7 @@ def test_sigkill_of_locust_mid_freeze_stops_the_server_it_started(
     """A server the harness started (--sut-cmd): resumed, then stopped by its own guard —
     a SIGKILLed harness leaves no server holding its port and CPU, and no sampler."""
     out = tmp_path / "out"
-    sut_cmd = f"{sys.executable} -m reference_server --model mlp --port {{port}}"
+    sut_cmd = f"{sys.executable} -m harness_reference_server --model mlp --port {{port}}"
     harness = _harness(tmp_path, out, "--sut-cmd", sut_cmd)
     server: int | None = None
     try:

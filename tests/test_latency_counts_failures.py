@@ -45,8 +45,8 @@ from harness.testing.results import stage
 from harness.testing.server import infer_body
 from harness.testing.server_app import SIM
 from harness.testing.server_app import client as server_client
-from reference_server.errors import ConfigError as ServerConfigError
-from reference_server.fault_catalog import parse_faults
+from harness_reference_server.errors import ConfigError as ServerConfigError
+from harness_reference_server.fault_catalog import parse_faults
 
 
 def steady(

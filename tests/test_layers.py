@@ -15,13 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# module prefix → harness/reference_server packages it may import (besides itself).
+# module prefix → harness/harness_reference_server packages it may import (besides itself).
 # The first matching prefix wins, so exceptions come before their package.
 ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
-    ("reference_server", frozenset()),
+    ("harness_reference_server", frozenset()),
     ("harness.errors", frozenset()),
     ("harness.primitives", frozenset()),  # atomic write, signal trap: every layer's
     ("harness.catalog", frozenset()),  # the check declarations: stdlib only
+    ("harness.packaged", frozenset()),  # where the shipped scenarios / locustfiles are
     # the results owner computes the derived numbers it stores (window percentiles, the
     # USL fit) with the pure analysis functions; the load side reaches them only through it
     ("harness.results", frozenset({"harness", "harness.errors", "harness.analysis"})),
@@ -55,6 +56,7 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset(
             {"harness", "harness.errors", "harness.sut", "harness.collectors"}
             | {"harness.chaos", "harness.results", "harness.catalog", "harness.agent"}
+            | {"harness.packaged"}
         ),
     ),
     ("harness.analysis", frozenset()),
@@ -72,6 +74,7 @@ ALLOWED: tuple[tuple[str, frozenset[str]], ...] = (
         "harness.locust_run",
         frozenset(
             {"harness.finish", "harness.results", "harness.load", "harness.errors", "harness.sut"}
+            | {"harness.packaged"}
         ),
     ),
     # `harness peak` / `harness tune` drive whole runs (harness.locust_run's run_one)
@@ -108,9 +111,9 @@ EXCEPTIONS: frozenset[tuple[str, str]] = frozenset(
     {
         # the LLM protocol checks each stream against the server's own output oracle:
         # pure and stdlib-only (test_the_llm_output_oracle_is_stdlib_only)
-        ("harness.protocols", "reference_server.llm.tokens"),
+        ("harness.protocols", "harness_reference_server.llm.tokens"),
         # the LLM workloads build prompts of an exact token count with the same tokenizer
-        ("harness.load.llm_workload", "reference_server.llm.tokens"),
+        ("harness.load.llm_workload", "harness_reference_server.llm.tokens"),
         # the OpenAI protocol's inputs are the token workloads, built by the one module
         # that builds them (pure: no gevent, no Locust, no sockets)
         ("harness.protocols.openai_wire", "harness.load.llm_workload"),
@@ -129,8 +132,8 @@ _BASE = {"harness.primitives", "harness.protocols"}
 
 def _layer(name: str) -> str:
     parts = name.split(".")
-    if parts[0] == "reference_server":
-        return "reference_server"
+    if parts[0] == "harness_reference_server":
+        return "harness_reference_server"
     if len(parts) == 1:
         return "harness"
     if parts[1] == "__version__":
@@ -154,7 +157,7 @@ def _imports(path: Path) -> set[str]:
                 out |= {f"harness.{a.name}" for a in node.names}
             else:
                 out.add(node.module)
-    return {n for n in out if n.split(".")[0] in ("harness", "reference_server")}
+    return {n for n in out if n.split(".")[0] in ("harness", "harness_reference_server")}
 
 
 def _rule(module: str) -> frozenset[str] | None:
@@ -165,7 +168,9 @@ def _rule(module: str) -> frozenset[str] | None:
 
 
 MODULES = sorted(
-    p for pkg in ("harness", "reference_server", "locustfiles") for p in (ROOT / pkg).rglob("*.py")
+    p
+    for pkg in ("harness", "harness_reference_server", "locustfiles")
+    for p in (ROOT / pkg).rglob("*.py")
 )
 
 
@@ -191,16 +196,16 @@ def test_no_module_imports_a_higher_layer(path: Path) -> None:
 
 
 def test_the_llm_output_oracle_is_stdlib_only() -> None:
-    """reference_server.llm.tokens is what a client imports to check streams (the one
+    """harness_reference_server.llm.tokens is what a client imports to check streams (the one
     exception above): it imports nothing but the standard library."""
     import sys
 
-    path = ROOT / "reference_server" / "llm" / "tokens.py"
+    path = ROOT / "harness_reference_server" / "llm" / "tokens.py"
     tree = ast.parse(path.read_text(), filename=str(path))
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     outside = sorted(n for n in names if n.split(".")[0] not in sys.stdlib_module_names)
-    assert not outside, f"reference_server/llm/tokens.py imports {outside}: stdlib only"
+    assert not outside, f"harness_reference_server/llm/tokens.py imports {outside}: stdlib only"
 
 
 def test_nothing_in_the_harness_imports_its_test_helpers() -> None:
@@ -234,7 +239,14 @@ def test_docs_and_code_stand_on_their_own() -> None:
     outside = re.compile(r"\.\./shared|\b(?:DESIGN|REFERENCE) §")
     offenders = [
         f"{p.relative_to(ROOT)}:{i}"
-        for pkg in ("harness", "reference_server", "locustfiles", "scenarios", "docs", "bench")
+        for pkg in (
+            "harness",
+            "harness_reference_server",
+            "locustfiles",
+            "scenarios",
+            "docs",
+            "bench",
+        )
         for p in sorted((ROOT / pkg).rglob("*"))
         if p.suffix in (".py", ".md", ".toml")
         for i, line in enumerate(p.read_text().splitlines(), start=1)

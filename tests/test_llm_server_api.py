@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reference_server.llm.api import LLMState, create_llm_app
-from reference_server.llm.config import LLMConfig
-from reference_server.llm.faults import parse_llm_faults
-from reference_server.llm.tokens import expected_completion, tokenize
+from harness_reference_server.llm.api import LLMState, create_llm_app
+from harness_reference_server.llm.config import LLMConfig
+from harness_reference_server.llm.faults import parse_llm_faults
+from harness_reference_server.llm.tokens import expected_completion, tokenize
 
 MODEL = "reference-llm"
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from reference_server.llm.engine import Engine, EngineConfig, QueueFull
-from reference_server.llm.kv_cache import KVCache, block_hashes
-from reference_server.llm.sequence import Sequence
-from reference_server.llm.timer import DeadlineTimer
-from reference_server.llm.tokens import expected_completion, generate, stream_key, token_ids
+from harness_reference_server.llm.engine import Engine, EngineConfig, QueueFull
+from harness_reference_server.llm.kv_cache import KVCache, block_hashes
+from harness_reference_server.llm.sequence import Sequence
+from harness_reference_server.llm.timer import DeadlineTimer
+from harness_reference_server.llm.tokens import expected_completion, generate, stream_key, token_ids
 
 
 class Clock:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reference_server.llm.api import LLMState
-from reference_server.llm.tokens import expected_completion, tokenize
+from harness_reference_server.llm.api import LLMState
+from harness_reference_server.llm.tokens import expected_completion, tokenize
 from tests.test_llm_server_api import Answer, chat, completion, request, scrape, serve
 
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""The LLM server as a real process (``python -m reference_server --api openai``): the
+"""The LLM server as a real process (``python -m harness_reference_server --api openai``): the
 ``openai`` client from PyPI streams chat and completions from it, a client that hangs up
 frees its KV blocks, and SIGTERM finishes the running stream before exiting 0."""
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.testing.server import ServerHandle, http_status, scrape, start_server, wait_until
-from reference_server.llm.tokens import expected_completion
+from harness_reference_server.llm.tokens import expected_completion
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reference_server.llm.api import LLMState
-from reference_server.llm.tokens import expected_completion, generate
+from harness_reference_server.llm.api import LLMState
+from harness_reference_server.llm.tokens import expected_completion, generate
 from tests.test_llm_server_api import chat, request, scrape, serve
 from tests.test_llm_server_engine import make, run_until_idle, seq, step
 

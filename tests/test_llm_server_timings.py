@@ -10,8 +10,8 @@ import asyncio
 import json
 from typing import Any
 
-from reference_server.llm.api import LLMState
-from reference_server.llm.config import parse_llm_config
+from harness_reference_server.llm.api import LLMState
+from harness_reference_server.llm.config import parse_llm_config
 from tests.test_llm_server_api import Answer, chat, completion, request, serve
 
 CHAT = "/v1/chat/completions"

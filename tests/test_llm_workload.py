@@ -30,8 +30,8 @@ from harness.load.llm_workload import (
 from harness.load.llm_workload_lengths import parse_length
 from harness.load.llm_workload_text import extended_count
 from harness.protocols.openai import reference_expectation
-from reference_server.llm.kv_cache import block_hashes
-from reference_server.llm.tokens import chat_prompt, count_tokens, token_ids
+from harness_reference_server.llm.kv_cache import block_hashes
+from harness_reference_server.llm.tokens import chat_prompt, count_tokens, token_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -121,7 +121,10 @@ def test_dead_server_stops_the_run_with_the_cause(tmp_path) -> None:
 
 
 def test_harness_started_server_calibrated_and_stopped(tmp_path) -> None:
-    cmd = f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} " + " ".join(SIM)
+    cmd = (
+        f"{sys.executable} -m harness_reference_server --host 127.0.0.1 --port {{port}} "
+        + " ".join(SIM)
+    )
     run = run_locust(
         "--sut-cmd",
         cmd,
@@ -198,7 +201,7 @@ def test_threads_sweep_restarts_the_server_per_stage(tmp_path) -> None:
     # sim batches cost 20 ms of sleep and hold one request: a thread serves ~50 req/s,
     # so two threads should serve about twice as much
     cmd = (
-        f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} --model sim "
+        f"{sys.executable} -m harness_reference_server --host 127.0.0.1 --port {{port}} --model sim "
         "--sim-base-ms 20 --sim-item-ms 0 --max-batch-size 1 --workers {threads}"
     )
     run = run_locust(
@@ -270,7 +273,7 @@ def test_fresh_server_meets_the_load_cold(tmp_path, verify: bool) -> None:
     # --no-verify (and absolute rates: no calibration) nothing warmed it: started once.
     starts = tmp_path / "starts"
     server = (
-        f"{sys.executable} -m reference_server --host 127.0.0.1 --port {{port}} "
+        f"{sys.executable} -m harness_reference_server --host 127.0.0.1 --port {{port}} "
         + " ".join(SIM)
         + " --fault slow-start:2"
     )

@@ -20,7 +20,7 @@ import pytest
 
 from harness.testing.locust_runs import REPO, locust_cmd, stop
 from harness.testing.server import http_status, infer_body, post_infer, start_server
-from reference_server.config import DEFAULT_MLP_DIMS
+from harness_reference_server.config import DEFAULT_MLP_DIMS
 
 # A blackhole that outlasts the test: the kill lands while the proxy holds connections
 # (the harder case: data held, clients waiting) after a latency phase has come and gone.

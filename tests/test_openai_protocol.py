@@ -21,9 +21,12 @@ from harness.protocols.openai_stream import Expectation
 from harness.protocols.openai_wire import is_reference_server
 from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
 from harness.testing.results import scenario
-from reference_server.llm.tokens import chat_prompt, count_tokens
+from harness_reference_server.llm.tokens import chat_prompt, count_tokens
 
-META = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "reference_server"}]}
+META = {
+    "object": "list",
+    "data": [{"id": "m", "object": "model", "owned_by": "harness_reference_server"}],
+}
 PROTO = protocols.get("openai")
 
 

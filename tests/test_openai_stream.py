@@ -33,7 +33,7 @@ from harness.testing.llm_streams import (
     synthetic_record,
 )
 from harness.testing.server import http_status, start_server, wait_until
-from reference_server.llm.tokens import VOCABULARY, count_tokens
+from harness_reference_server.llm.tokens import VOCABULARY, count_tokens
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
 GEN = Generation(max_tokens=24, ignore_eos=True, seed=11, temperature=0.7)

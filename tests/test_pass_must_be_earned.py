@@ -122,7 +122,7 @@ def test_excluded_scenarios_are_named_and_reported_as_skipped() -> None:
 
 # --- everything knowable before load is checked before load -------------------------------
 
-REF = f"{sys.executable} -m reference_server --port {{port}}"
+REF = f"{sys.executable} -m harness_reference_server --port {{port}}"
 
 
 def _harness(*args: str) -> subprocess.CompletedProcess[str]:

@@ -742,7 +742,7 @@ def test_guard_stops_the_server_when_the_harness_is_sigkilled() -> None:
         ["peak", "--slo-p99-ms", "100", "--repeats", "0"],
         ["peak", "--slo-p99-ms", "100", "--sut-pid", "1"],
         ["peak", "--slo-p99-ms", "100", "--target", "localhost:8000"],
-        ["peak", "--slo-p99-ms", "100", "--sut-cmd", "python -m reference_server"],
+        ["peak", "--slo-p99-ms", "100", "--sut-cmd", "python -m harness_reference_server"],
         ["peak", "--slo-p99-ms", "100", "--searches", "3", "--precision", "0.1"],
         ["peak", "--slo-p99-ms", "100", "--searches", "0"],
         ["tune", "--sut-cmd", "x --port {port} {a}", "--space", "b=1", "--slo-p99-ms", "1"],

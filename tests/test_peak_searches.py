@@ -170,7 +170,7 @@ def test_each_search_gets_a_fresh_server_stopped_after_it(tmp_path, monkeypatch)
     doc, code = runner.run_peak(
         cfg,
         tmp_path,
-        sut_cmd=f"{sys.executable} -m reference_server --port {{port}}",
+        sut_cmd=f"{sys.executable} -m harness_reference_server --port {{port}}",
         url=None,
         sut_pid=None,
         sut_cores=None,
@@ -213,7 +213,9 @@ def test_a_tunes_repeats_each_run_on_a_fresh_server(tmp_path, monkeypatch) -> No
         return Point(rate, "met" if rate <= edge else "missed", p99_ms=100.0)
 
     monkeypatch.setattr(runner, "run_point", fake_point)
-    template = f"{sys.executable} -m reference_server --port {{port}} --max-batch-size {{mb}}"
+    template = (
+        f"{sys.executable} -m harness_reference_server --port {{port}} --max-batch-size {{mb}}"
+    )
     space = Space.parse(["mb=8"], template)
     pc = PeakConfig(slo_p99_ms=150.0, tolerance=0.1, repeats=3, start_rps=200.0, max_points=16)
     tc = TuneConfig(template=template, space=space, default=space.all()[0], peak=pc)

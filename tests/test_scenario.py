@@ -4,7 +4,6 @@ ConfigError that names the file, the key, the value and what is valid."""
 from __future__ import annotations
 
 import dataclasses
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from harness.load.scenario import (
     parse_scenario,
     resolve_scenario,
 )
+from harness.packaged import packaged_dir
 
 DATA = Path(__file__).parent / "data" / "scenarios"
 PACKAGED = (
@@ -101,7 +101,7 @@ def error_of(data: dict[str, object], mode: str = "full") -> str:
 
 def test_the_packaged_scenarios_are_the_known_list() -> None:
     assert packaged_scenarios() == PACKAGED
-    assert resources.files("scenarios").joinpath("spike.toml").is_file()
+    assert (packaged_dir("scenarios") / "spike.toml").is_file()
 
 
 @pytest.mark.parametrize("name", PACKAGED)
@@ -159,7 +159,7 @@ def test_soak_full_is_one_hour() -> None:
 
 def test_every_packaged_file_documents_itself() -> None:
     for name in PACKAGED:
-        text = resources.files("scenarios").joinpath(f"{name}.toml").read_text()
+        text = (packaged_dir("scenarios") / f"{name}.toml").read_text()
         head = text.split("\n\n")[0]
         assert head.startswith(f"# {name} —"), name
         for topic in ("What it proves", "How it works", "What to change"):

@@ -13,10 +13,10 @@ from starlette.testclient import TestClient
 
 from harness.testing.server import infer_body, metric_sum, parse_metrics
 from harness.testing.server_app import SIM, client
-from reference_server.app import ServerState, server_state
-from reference_server.config import ServerConfig
-from reference_server.fault_catalog import parse_faults
-from reference_server.models import SimModel
+from harness_reference_server.app import ServerState, server_state
+from harness_reference_server.config import ServerConfig
+from harness_reference_server.fault_catalog import parse_faults
+from harness_reference_server.models import SimModel
 
 ROW = [float(i) for i in range(16)]
 INFER = "/v2/models/sim/infer"
@@ -49,7 +49,7 @@ def test_health_and_metadata() -> None:
         assert c.get("/v2/models/sim/ready").status_code == 200
         assert c.get("/v2/models/sim/versions/1/ready").status_code == 200
         meta = c.get("/v2").json()
-        assert meta["name"] == "reference_server"
+        assert meta["name"] == "harness_reference_server"
         assert meta["faults"] == []
         assert meta["config"]["max_batch_size"] == 32
         model = c.get("/v2/models/sim").json()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference_server.errors import ConfigError
-from reference_server.fault_catalog import parse_faults
-from reference_server.faults import FaultRuntime, ModelFault
+from harness_reference_server.errors import ConfigError
+from harness_reference_server.fault_catalog import parse_faults
+from harness_reference_server.faults import FaultRuntime, ModelFault
 
 
 def batch(n: int) -> list:

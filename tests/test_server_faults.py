@@ -25,10 +25,10 @@ from harness.testing.server import (
     start_server,
     wait_until,
 )
-from reference_server.errors import ConfigError
-from reference_server.fault_catalog import parse_faults
-from reference_server.faults import FaultRuntime, ModelFault
-from reference_server.models import SimModel
+from harness_reference_server.errors import ConfigError
+from harness_reference_server.fault_catalog import parse_faults
+from harness_reference_server.faults import FaultRuntime, ModelFault
+from harness_reference_server.models import SimModel
 
 pytestmark = pytest.mark.slow
 
@@ -475,9 +475,9 @@ def test_slowdown_makes_later_requests_slower() -> None:
 def test_reset_breaker_opens_on_a_burst_of_resets_and_stays_open_its_time():
     """reset-breaker: 20 client resets within 5 s open the breaker (every inference 503)
     for OPEN_S after the last trip; resets spread thinner never trip it."""
-    from reference_server.errors import ConfigError
-    from reference_server.fault_catalog import parse_faults
-    from reference_server.faults import BREAKER_RESETS, FaultRuntime
+    from harness_reference_server.errors import ConfigError
+    from harness_reference_server.fault_catalog import parse_faults
+    from harness_reference_server.faults import BREAKER_RESETS, FaultRuntime
 
     assert parse_faults(["reset-breaker"]).reset_breaker_open_s == 15.0
     assert parse_faults(["reset-breaker:2.5"]).names() == ["reset-breaker:2.5"]

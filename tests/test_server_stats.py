@@ -19,9 +19,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from harness.testing.server import infer_body
-from reference_server.app import create_app, server_state
-from reference_server.config import ServerConfig
-from reference_server.fault_catalog import parse_faults
+from harness_reference_server.app import create_app, server_state
+from harness_reference_server.config import ServerConfig
+from harness_reference_server.fault_catalog import parse_faults
 
 SIM = ServerConfig(model="sim", sim_base_ms=0.0, sim_item_ms=0.0, max_delay_ms=1.0)
 ROW = [float(i) for i in range(16)]
@@ -439,7 +439,7 @@ def _harness_run(out: Any, *server_args: str, capacity_rps: float | None = None)
 
     from harness.testing.locust_runs import REPO, scenario_result
 
-    server = " ".join(shlex.quote(p) for p in [sys.executable, "-m", "reference_server"])
+    server = " ".join(shlex.quote(p) for p in [sys.executable, "-m", "harness_reference_server"])
     cmd = f"{server} {' '.join(server_args)} --port {{port}}"
     proc = subprocess.run(
         [

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reference_server.batch_queue import BatchQueue, Pending, QueueFull
-from reference_server.batcher import BatchCap, Batcher, BatcherConfig
-from reference_server.config import ConfigError, ServerConfig, parse_config
-from reference_server.fault_catalog import FaultSet, parse_faults
-from reference_server.models import MLPModel, SimModel
-from reference_server.protocol import decode_json, priority_level
+from harness_reference_server.batch_queue import BatchQueue, Pending, QueueFull
+from harness_reference_server.batcher import BatchCap, Batcher, BatcherConfig
+from harness_reference_server.config import ConfigError, ServerConfig, parse_config
+from harness_reference_server.fault_catalog import FaultSet, parse_faults
+from harness_reference_server.models import MLPModel, SimModel
+from harness_reference_server.protocol import decode_json, priority_level
 
 
 def item(level: int, t: float, n: int = 1) -> Pending:
@@ -347,7 +347,7 @@ def test_closed_loop_clients_never_wait_for_company_that_is_not_coming() -> None
 
 
 def test_infer_path_parsing() -> None:
-    from reference_server.app import _infer_model_name
+    from harness_reference_server.app import _infer_model_name
 
     assert _infer_model_name("/v2/models/mlp/infer") == "mlp"
     assert _infer_model_name("/v2/models/mlp/versions/1/infer") == "mlp"
@@ -362,7 +362,7 @@ def test_infer_path_parsing() -> None:
 
 
 def test_blas_threads_pinned_before_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reference_server.__main__ import _pin_blas_threads
+    from harness_reference_server.__main__ import _pin_blas_threads
 
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
@@ -378,7 +378,7 @@ def test_blas_threads_pinned_before_numpy(monkeypatch: pytest.MonkeyPatch) -> No
 def test_leak_memory_every_n_requests_retains_one_block_per_n() -> None:
     """leak-memory:BYTES,EVERY sizes a slow leak independent of the per-object overhead:
     4096 B every 125th request at 90 req/s is ~10 MiB/h."""
-    from reference_server.faults import FaultRuntime
+    from harness_reference_server.faults import FaultRuntime
 
     f = parse_faults(["leak-memory:4096,125"])
     assert f.names() == ["leak-memory:4096,125"]

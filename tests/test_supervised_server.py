@@ -68,7 +68,7 @@ def _ready(port: int) -> bool:
 @pytest.mark.timeout(300)
 def test_crash_restart_of_an_attached_server_waits_for_its_supervisor(tmp_path) -> None:
     port = free_port()
-    server = f"{shlex.quote(sys.executable)} -m reference_server --model mlp --port {port}"
+    server = f"{shlex.quote(sys.executable)} -m harness_reference_server --model mlp --port {port}"
     # a restart loop, as a supervisor: the server starts again 0.5 s after it exits
     loop = subprocess.Popen(
         ["bash", "-c", f"while true; do {server}; sleep 0.5; done"],

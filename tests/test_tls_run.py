@@ -33,8 +33,8 @@ TOKEN = "Bearer s3cret-token-4242"
 # token (an ASGI wrapper: the reference server itself has no auth).
 _LAUNCHER = """
 import sys, uvicorn
-from reference_server.app import create_app
-from reference_server.config import parse_config
+from harness_reference_server.app import create_app
+from harness_reference_server.config import parse_config
 port, key, cert, token = sys.argv[1:5]
 app = create_app(parse_config(["--model", "sim", "--sim-base-ms", "2", "--sim-item-ms", "0.1",
                                "--port", port]))

@@ -47,7 +47,7 @@ def _argv(out: Path) -> list[str]:
         "harness",
         "tune",
         "--sut-cmd",
-        f"{sys.executable} -m reference_server --model sim --port {{port}} "
+        f"{sys.executable} -m harness_reference_server --model sim --port {{port}} "
         "--max-batch-size 4 --workers {workers}",
         "--space",
         "workers=1,2,3",
@@ -164,7 +164,7 @@ def test_a_head_to_head_point_runs_on_a_server_of_its_own(tmp_path) -> None:
     from harness.peak.tune import Space, TuneConfig, Tuner
 
     template = (
-        f"{sys.executable} -m reference_server --model sim --port {{port}} "
+        f"{sys.executable} -m harness_reference_server --model sim --port {{port}} "
         "--max-batch-size {max_batch}"
     )
     sp = Space.parse(["max_batch=4,16"], template)

@@ -19,7 +19,7 @@ from harness.report.common import verdict_sentence
 from harness.results import new_document
 from harness.testing.checks import counters, result
 
-REF = "python -m reference_server --port {port} --workers {threads}"
+REF = "python -m harness_reference_server --port {port} --workers {threads}"
 
 
 def _doc(*scenarios: dict[str, Any], **fields: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ if not (CHROMIUM and CHROMEDRIVER):
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
-SERVER = f"{sys.executable} -m reference_server --model mlp --port {{port}} --workers {{threads}}"
+SERVER = f"{sys.executable} -m harness_reference_server --model mlp --port {{port}} --workers {{threads}}"
 FOUR = ("results.json", "report.html", "summary.md", "junit.xml")
 RUN_S = "6"  # the scenario's length in the start form: stages scaled to it
 # the cross-wiring server of the failing run: 6 % of its batches mixed up, 8-10 wrong

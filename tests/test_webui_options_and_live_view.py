@@ -208,9 +208,7 @@ def test_a_headless_run_with_t_lasts_that_long(tmp_path: Path) -> None:
 
     from harness.testing.locust_runs import run_locust, scenario_result
 
-    server = (
-        f"{sys.executable} -m reference_server --model mlp --port {{port}} --workers {{threads}}"
-    )
+    server = f"{sys.executable} -m harness_reference_server --model mlp --port {{port}} --workers {{threads}}"
     # the capacity pinned (the reference MLP calibrates at 520-680 req/s): -t is what this
     # proves, not the probe, which would add ~6 s before the stages
     proc = run_locust(

@@ -20,7 +20,7 @@ from harness.cli.agent import add_agent
 from harness.cli.common import Parser, Subparsers
 from harness.cli.peak import add_peak, add_tune
 from harness.cli.results import add_compare, add_judge, add_report
-from harness.cli.run import add_acceptance, add_locust_options, add_run
+from harness.cli.run import add_acceptance, add_locust_options, add_run, add_where
 from harness.cli.sample import add_sample
 from harness.errors import ExitCode, HarnessError
 
@@ -28,6 +28,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_acceptance,
     add_run,
     add_locust_options,
+    add_where,
     add_sample,
     add_report,
     add_judge,

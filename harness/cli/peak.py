@@ -190,7 +190,7 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
     check_sut_cmd(args.sut_cmd)
     sut_cmd = args.sut_cmd
     if sut_cmd is None and args.target is None:
-        sut_cmd = f"{shlex.quote(sys.executable)} -m reference_server --port {{port}}"
+        sut_cmd = f"{shlex.quote(sys.executable)} -m harness_reference_server --port {{port}}"
     deployment = {
         **deployment_of(args.header, args.ca_cert, args.insecure, args.metrics_url),
         **agent_of(args.agent, args.agent_token, args.target, args.sut_pid, args.agent_ca_cert),
@@ -246,7 +246,7 @@ def add_tune(sub: Subparsers) -> None:
         "--sut-cmd",
         required=True,
         help="server command template: {port} and one {NAME} per --space, e.g. "
-        "'python -m reference_server --port {port} --max-batch-size {max_batch}'",
+        "'python -m harness_reference_server --port {port} --max-batch-size {max_batch}'",
     )
     p.add_argument(
         "--space",

@@ -152,6 +152,39 @@ def add_locust_options(sub: Subparsers) -> None:
     p.set_defaults(handler=_print_locust_options)
 
 
+def add_where(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "where",
+        help="print where the shipped scenarios and locustfiles are installed",
+        description="Print the path of the shipped scenarios directory and locustfiles, "
+        'e.g. locust -f "$(harness where locustfile)" or '
+        'cp "$(harness where scenarios)/spike.toml" my_spike.toml.',
+    )
+    p.add_argument(
+        "what",
+        nargs="?",
+        choices=("scenarios", "locustfile", "llm-locustfile"),
+        help="print this one path alone (default: all three, one per line with its name)",
+    )
+    p.set_defaults(handler=_print_where)
+
+
+def _print_where(args: argparse.Namespace) -> int:
+    from harness.packaged import locustfile, packaged_dir
+
+    paths = {
+        "scenarios": packaged_dir("scenarios"),
+        "locustfile": locustfile("inference"),
+        "llm-locustfile": locustfile("llm"),
+    }
+    if args.what:
+        print(paths[args.what])
+    else:
+        for name, path in paths.items():
+            print(f"{name:<15} {path}")
+    return 0
+
+
 def _print_locust_options(args: argparse.Namespace) -> int:
     import configargparse
 

@@ -16,7 +16,7 @@ Four workloads (``WorkloadConfig.workload``):
   each line's ``max_tokens`` kept, else drawn from ``output``.
 
 **Exact lengths.** A prompt is built from vocabulary words so that, under the shipped
-tokenizer (``reference_server.llm.tokens``), the completions prompt or the rendered chat
+tokenizer (``harness_reference_server.llm.tokens``), the completions prompt or the rendered chat
 prompt has exactly the drawn token count, which each ``LlmRequest`` carries as
 ``prompt_tokens`` (input tokens/s need no ``usage``). Against the reference server this is
 ``usage.prompt_tokens``; a server with another tokenizer counts the same text differently.
@@ -53,7 +53,7 @@ from harness.protocols.openai import (
     encode_body,
     reference_expectation,
 )
-from reference_server.llm.tokens import chat_prompt, count_tokens
+from harness_reference_server.llm.tokens import chat_prompt, count_tokens
 
 SCHEMA = "harness.llm_workload/1"
 WORKLOADS = ("synthetic", "shared_prefix", "multi_turn", "jsonl")

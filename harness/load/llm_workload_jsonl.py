@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from reference_server.llm.tokens import message_text
+from harness_reference_server.llm.tokens import message_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 KEYS = ("messages", "prompt", "max_tokens", "priority", "class")

@@ -1,4 +1,4 @@
-"""Prompts of an exact token count under the shipped tokenizer (reference_server.llm.tokens).
+"""Prompts of an exact token count under the shipped tokenizer (harness_reference_server.llm.tokens).
 
 Every word is one of ``VOCABULARY`` (at most four letters, so one token with or without
 a leading space): a text of ``n`` words joined by spaces is ``n`` tokens, and a chat
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from reference_server.llm.tokens import VOCABULARY, chat_prompt, count_tokens
+from harness_reference_server.llm.tokens import VOCABULARY, chat_prompt, count_tokens
 
 MARK = "ba"  # a vocabulary word: one token, never merged with the template's "\n"
 

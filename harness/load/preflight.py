@@ -22,7 +22,9 @@ from harness.catalog import CATALOG
 from harness.errors import ConfigError
 from harness.load.scenario_model import Scenario
 
-_SUT_CMD_EXAMPLE = "--sut-cmd 'python -m reference_server --port {port} --workers {threads}'"
+_SUT_CMD_EXAMPLE = (
+    "--sut-cmd 'python -m harness_reference_server --port {port} --workers {threads}'"
+)
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ class Preparation:
                 "for their form (finish reason, usage, [DONE]), not their text"
             )
             return
-        self.oracle = {"oracle": "reference_server"}
+        self.oracle = {"oracle": "harness_reference_server"}
         self.golden_summary = {"pool": len(self.inputs), "distinct": len(self.inputs)}
 
     def _start_proxy(self, host: str, port: int) -> None:
@@ -227,7 +227,7 @@ class Preparation:
             raise ConfigError(
                 f"scenario {self.scenario.name!r} varies the server's threads per stage; "
                 f"start the server with --sut-cmd containing {{threads}} (e.g. "
-                f"--sut-cmd 'python -m reference_server --port {{port}} --workers {{threads}}'), "
+                f"--sut-cmd 'python -m harness_reference_server --port {{port}} --workers {{threads}}'), "
                 f"got --sut-cmd {o.sut_cmd!r}"
             )
 

@@ -18,7 +18,6 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -50,6 +49,7 @@ from harness.load.scenario_model import (  # re-exported: the public names live 
 )
 from harness.load.scenario_quick import TOP_KEYS, apply_quick
 from harness.load.toml_table import Table, missing, parse_rate, show
+from harness.packaged import packaged_dir
 
 __all__ = [
     "ARRIVALS",
@@ -79,8 +79,8 @@ __all__ = [
 
 
 def packaged_scenarios() -> tuple[str, ...]:
-    """Names of the scenario files shipped in the ``scenarios`` package."""
-    root = resources.files("scenarios")
+    """Names of the scenario files shipped with the harness (``harness.packaged``)."""
+    root = packaged_dir("scenarios")
     return tuple(
         sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
     )
@@ -98,9 +98,9 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
             f"scenario file {text} does not exist; give a path to a .toml file or one of "
             f"the packaged names: {', '.join(packaged_scenarios())}"
         )
-    packaged = resources.files("scenarios").joinpath(f"{text}.toml")
+    packaged = packaged_dir("scenarios") / f"{text}.toml"
     if packaged.is_file():
-        return Path(str(packaged))
+        return packaged
     if path.is_file():
         return path
     known = packaged_scenarios()

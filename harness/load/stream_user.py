@@ -18,7 +18,7 @@ from its actual send.
 The engine belongs to the process, not to a user: streams already sent keep running when
 Locust stops the users, and ``finish`` waits for them (at most the stream deadline)
 before the statistics are final. When the target is the reference server (its
-``/v1/models`` says ``owned_by: reference_server``) every stream is checked against the
+``/v1/models`` says ``owned_by: harness_reference_server``) every stream is checked against the
 server's own oracle (``reference_expectation``) unless ``verify`` is False, and tokens
 are counted with its tokenizer; any other server is read one token per event.
 """
@@ -48,7 +48,7 @@ from harness.protocols.openai_stream import FAILURES, Expectation, StreamRecord
 
 log = logging.getLogger("harness.load.stream")
 
-REFERENCE_OWNER = "reference_server"
+REFERENCE_OWNER = "harness_reference_server"
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ class Engine:
         self.streams: StreamExchange | None = None
         self.golden: Golden | None = None
         if getattr(self.protocol, "streaming", False):
-            oracle = bool(plan.golden) and plan.golden.get("oracle") == "reference_server"
+            oracle = bool(plan.golden) and plan.golden.get("oracle") == "harness_reference_server"
             self.streams = StreamExchange(
                 plan.inputs, recording, self.timeout_s, verify=oracle, clock=clock
             )

@@ -6,7 +6,7 @@ sampling and streaming fields: ``stream``, ``stream_options.include_usage``,
 ``max_tokens``, ``ignore_eos``, ``seed``, ``temperature``, ``priority``); a field left
 None is left out, so the server's default applies. ``reference_expectation(body)`` is
 what the reference server must answer to that body (its output oracle,
-``reference_server.llm.tokens``).
+``harness_reference_server.llm.tokens``).
 
 **Stream chunks.** ``read_chunk`` turns one server-sent event (``harness.protocols.sse``)
 into a typed ``Chunk``. What a chunk may hold, and how it is read:
@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reference_server.llm.tokens import Completion, expected_completion
+from harness_reference_server.llm.tokens import Completion, expected_completion
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

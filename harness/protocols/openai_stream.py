@@ -41,7 +41,7 @@ from typing import Any
 
 from harness.protocols.openai import Chunk, Usage, read_chunk
 from harness.protocols.sse import SSEEvent, SSEParser
-from reference_server.llm.tokens import Completion, count_tokens
+from harness_reference_server.llm.tokens import Completion, count_tokens
 
 TokenCounter = Callable[[str], int]
 _ERROR_BODY_LIMIT = 2048

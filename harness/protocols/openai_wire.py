@@ -2,7 +2,7 @@
 
 ``--protocol openai`` (or ``protocol = "openai"`` in a scenario's ``[load]``) drives any
 scenario against vLLM, SGLang, TGI, llama.cpp's server or the bundled reference LLM server
-(``python -m reference_server --api openai``):
+(``python -m harness_reference_server --api openai``):
 
 - ready: ``GET /v1/models`` answers 200 (every OpenAI-compatible server has it; vLLM and
   SGLang answer it only once the engine is up); its first model is the default
@@ -164,7 +164,7 @@ def is_reference_server(meta: Mapping[str, Any] | None) -> bool:
     are then predictable: ``harness.protocols.openai.reference_expectation``)."""
     data = (meta or {}).get("data") if isinstance(meta, Mapping) else None
     return bool(data) and all(
-        isinstance(m, Mapping) and m.get("owned_by") == "reference_server" for m in data
+        isinstance(m, Mapping) and m.get("owned_by") == "harness_reference_server" for m in data
     )
 
 

@@ -34,7 +34,7 @@ def check_command(cmd: str, extra: Iterable[str] = ()) -> None:
     if "port" not in fields:
         raise ConfigError(
             f"--sut-cmd has value {cmd!r}: no {{port}} placeholder; the harness picks "
-            'a free port, e.g. --sut-cmd "python -m reference_server --port {port}"'
+            'a free port, e.g. --sut-cmd "python -m harness_reference_server --port {port}"'
         )
     valid = (*FILLED, *extra)
     unknown = sorted(f for f in fields if f not in valid)

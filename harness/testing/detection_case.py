@@ -78,11 +78,11 @@ class DetectionCase:
 
     def sut_cmd(self, capacity_rps: float | None, python: str = sys.executable) -> str:
         if self.api == "openai":  # the LLM server: one engine, no model or threads to pick
-            parts = [python, "-m", "reference_server", "--api", "openai"]
+            parts = [python, "-m", "harness_reference_server", "--api", "openai"]
             parts += ["--fault", self.fault] if self.fault else []
             parts += list(self.server_args)
             return " ".join(shlex.quote(p) for p in parts) + " --port {port}"
-        parts = [python, "-m", "reference_server", "--model", self.model]
+        parts = [python, "-m", "harness_reference_server", "--model", self.model]
         spec = self.fault_spec(capacity_rps)
         if spec is not None:
             parts += ["--fault", spec]

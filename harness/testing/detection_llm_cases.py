@@ -1,6 +1,6 @@
 """The detection matrix's rows for an OpenAI-compatible LLM server: each token check failed
-by a planted defect of the reference LLM server (``python -m reference_server --api openai
---fault ...``, reference_server/llm/faults.py) in the ``llm_steady`` scenario, and passed by
+by a planted defect of the reference LLM server (``python -m harness_reference_server --api openai
+--fault ...``, harness_reference_server/llm/faults.py) in the ``llm_steady`` scenario, and passed by
 the healthy server under the same conditions.
 
 Every case runs ``llm_steady --quick --duration 20``: 17.5 s of steady load at 8 requests/s

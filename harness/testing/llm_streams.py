@@ -1,6 +1,6 @@
 """Streams recorded from the reference LLM server's app, in this process, byte for byte.
 
-``record_streams(bodies, *faults)`` starts the app (``reference_server.llm.api``) on an
+``record_streams(bodies, *faults)`` starts the app (``harness_reference_server.llm.api``) on an
 event loop, sends every body at once (ASGI, no socket), and returns each answer as the
 server wrote it: the status, and every body write with the ``time.perf_counter()`` at
 which it was written. ``RecordedStream.replay`` feeds those writes, at those times, to a
@@ -22,9 +22,9 @@ from typing import Any
 
 from harness.protocols.openai import CHAT_PATH, COMPLETIONS_PATH
 from harness.protocols.openai_stream import StreamRecord, StreamRecorder
-from reference_server.llm.api import create_llm_app
-from reference_server.llm.config import LLMConfig
-from reference_server.llm.faults import parse_llm_faults
+from harness_reference_server.llm.api import create_llm_app
+from harness_reference_server.llm.config import LLMConfig
+from harness_reference_server.llm.faults import parse_llm_faults
 
 MODEL = LLMConfig().model_name
 

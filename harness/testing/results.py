@@ -25,10 +25,10 @@ MACHINE = {
 SUT = {
     "target": "http://127.0.0.1:8000",
     "pid": 4242,
-    "cmd": "python -m reference_server --port 8000 --model mlp --workers 1",
+    "cmd": "python -m harness_reference_server --port 8000 --model mlp --workers 1",
     "model": "mlp",
     "cores": [1],
-    "config": {"name": "reference_server", "version": "0.1.0", "max_batch_size": 32},
+    "config": {"name": "harness_reference_server", "version": "0.1.0", "max_batch_size": 32},
 }
 LOADGEN = {"cores": [0], "workers": 1, "locust_version": "2.47.0"}
 CLASSES = {

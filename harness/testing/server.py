@@ -1,4 +1,4 @@
-"""Start ``python -m reference_server`` on a free loopback port; stop it by pid.
+"""Start ``python -m harness_reference_server`` on a free loopback port; stop it by pid.
 
 Reusable by any test that needs a real server::
 
@@ -74,12 +74,12 @@ def wait_ready(handle: ServerHandle, timeout: float) -> None:
     while time.monotonic() < deadline:
         if handle.proc.poll() is not None:
             raise RuntimeError(
-                f"reference_server exited with {handle.proc.returncode} before ready:\n{handle.log()}"
+                f"harness_reference_server exited with {handle.proc.returncode} before ready:\n{handle.log()}"
             )
         if http_status(handle.url, V2.ready_path, timeout=1.0) == 200:
             return
         time.sleep(0.05)
-    raise TimeoutError(f"reference_server not ready after {timeout}s:\n{handle.log()}")
+    raise TimeoutError(f"harness_reference_server not ready after {timeout}s:\n{handle.log()}")
 
 
 def stop_server(handle: ServerHandle, grace_s: float = 15.0) -> int | None:
@@ -112,7 +112,7 @@ def start_server(
     cmd = [
         sys.executable,
         "-m",
-        "reference_server",
+        "harness_reference_server",
         "--host",
         "127.0.0.1",
         "--port",

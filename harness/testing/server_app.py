@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 from starlette.testclient import TestClient
 
-from reference_server.app import create_app, server_state
-from reference_server.config import ServerConfig
+from harness_reference_server.app import create_app, server_state
+from harness_reference_server.config import ServerConfig
 
 # the sim model with no modelled compute time and a 1 ms batching delay: fast and exact
 SIM = ServerConfig(model="sim", sim_base_ms=0.0, sim_item_ms=0.0, max_delay_ms=1.0)

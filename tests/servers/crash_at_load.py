@@ -24,9 +24,9 @@ def main(argv: list[str]) -> int:
     i = argv.index("--crash-above-rps")
     limit = float(argv[i + 1])
     rest = argv[:i] + argv[i + 2 :]
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as reference_server's main pins it
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as harness_reference_server's main pins it
 
-    from reference_server import app as app_module
+    from harness_reference_server import app as app_module
 
     served = app_module.ReferenceApp.__call__
     arrivals: collections.deque[float] = collections.deque()
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
         await served(self, scope, receive, send)
 
     app_module.ReferenceApp.__call__ = crashing  # type: ignore[method-assign]
-    from reference_server.__main__ import main as serve
+    from harness_reference_server.__main__ import main as serve
 
     return serve(rest)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reference_server.config import ServerConfig
+from harness_reference_server.config import ServerConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming or not),
 ``GET /v1/models``, ``/health``, ``/metrics``, and with ``--record-timings``
-``GET /debug/timings`` (reference_server/llm/timings.py). A stream is ``text/event-stream``: for chat
+``GET /debug/timings`` (harness_reference_server/llm/timings.py). A stream is ``text/event-stream``: for chat
 a first chunk with the role (sent with the first token), one chunk per token, a chunk
 with the ``finish_reason``, with ``stream_options.include_usage`` a usage chunk with
 ``choices: []``, then ``data: [DONE]``. An error after the headers is sent as
@@ -30,16 +30,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from reference_server.llm.config import LLMConfig
-from reference_server.llm.engine import Engine, QueueFull
-from reference_server.llm.metrics import CONTENT_TYPE, LLMMetrics
-from reference_server.llm.requests import BadRequest, LLMRequest, error_doc, parse_request
-from reference_server.llm.sequence import Sequence
-from reference_server.llm.stream import StreamWriter, fail_point, usage
-from reference_server.llm.timings import TimingLog
-from reference_server.llm.tokens import stream_key
+from harness_reference_server.llm.config import LLMConfig
+from harness_reference_server.llm.engine import Engine, QueueFull
+from harness_reference_server.llm.metrics import CONTENT_TYPE, LLMMetrics
+from harness_reference_server.llm.requests import BadRequest, LLMRequest, error_doc, parse_request
+from harness_reference_server.llm.sequence import Sequence
+from harness_reference_server.llm.stream import StreamWriter, fail_point, usage
+from harness_reference_server.llm.timings import TimingLog
+from harness_reference_server.llm.tokens import stream_key
 
-log = logging.getLogger("reference_server")
+log = logging.getLogger("harness_reference_server")
 
 
 def _error(
@@ -262,7 +262,7 @@ def create_llm_app(config: LLMConfig, clock: Callable[[], float] = time.monotoni
             "id": config.model_name,
             "object": "model",
             "created": 0,
-            "owned_by": "reference_server",
+            "owned_by": "harness_reference_server",
             "root": config.model_name,
             "max_model_len": config.max_model_len,
             "config": config.describe(),

@@ -7,7 +7,7 @@ cross-wire in a few % of batches).
 
 Each fault is declared once, in ``FAULTS`` below: its name, its parameter (parsed and
 validated), its ``--help`` text, the ``FaultSet`` fields it sets and where its behaviour
-hooks in (``hook``: a ``FaultRuntime`` method of ``reference_server/faults.py``, the
+hooks in (``hook``: a ``FaultRuntime`` method of ``harness_reference_server/faults.py``, the
 batcher's config or the server's shutdown). ``FaultSet``, ``FAULT_NAMES`` and
 ``FAULT_HELP`` are built from it.
 
@@ -105,7 +105,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from reference_server.errors import ConfigError
+from harness_reference_server.errors import ConfigError
 
 # A fault's parser: (the whole --fault value, its PARAM) → the FaultSet fields it sets.
 Parser = Callable[[str, str], dict[str, Any]]
@@ -403,12 +403,12 @@ def fault_parser(faults: tuple[Fault, ...], fault_set: type) -> Callable[[Iterab
     return parse
 
 
-# public names for other catalogs (reference_server/llm/faults.py)
+# public names for other catalogs (harness_reference_server/llm/faults.py)
 switch_fault = _switch
 number_fault = _number
 
 FAULT_NAMES: tuple[str, ...] = tuple(f.name for f in FAULTS)
-FAULT_HELP = fault_help(FAULTS, "reference_server/fault_catalog.py")
+FAULT_HELP = fault_help(FAULTS, "harness_reference_server/fault_catalog.py")
 # The switches of one server: every fault's fields, off by default.
 FaultSet = fault_set_class(FAULTS, "FaultSet", __name__)
 parse_faults = fault_parser(FAULTS, FaultSet)

@@ -14,7 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from reference_server.llm.timings import RequestTimings
+    from harness_reference_server.llm.timings import RequestTimings
 
 
 class Sequence:

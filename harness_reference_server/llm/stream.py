@@ -2,7 +2,7 @@
 
 One event per token (``data: {json}`` and a blank line), written as soon as the engine
 delivers it; tokens delivered together are written in one send, still one event each.
-The planted stream faults and measurement traps (reference_server/llm/faults.py) act
+The planted stream faults and measurement traps (harness_reference_server/llm/faults.py) act
 here: stream-stall, usage-lie, error-in-200, role-prelude-early, coalesce, crlf-framing.
 """
 
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Send
 
-from reference_server.llm.requests import LLMRequest, error_doc
-from reference_server.llm.sequence import Sequence
+from harness_reference_server.llm.requests import LLMRequest, error_doc
+from harness_reference_server.llm.sequence import Sequence
 
 if TYPE_CHECKING:
-    from reference_server.llm.api import LLMState
+    from harness_reference_server.llm.api import LLMState
 
 STALL_AFTER_TOKENS = 4  # stream-stall: the stalled stream stops after this many tokens
 STALL_EVERY = 10  # stream-stall: one stream in this many (the first, the 11th, ...)

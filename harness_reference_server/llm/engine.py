@@ -12,7 +12,7 @@ sequences that rank below it, last first (vLLM's priority scheduling), so it sta
 the step that finds it waiting. A step lasts the cost model's time
 (``EngineConfig.step_seconds``), slept until its absolute end, never computed; at its
 end every sequence whose tokens are all computed samples its next token from
-``reference_server.llm.tokens``.
+``harness_reference_server.llm.tokens``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from reference_server.llm.kv_cache import KVCache, block_hashes
-from reference_server.llm.sequence import Sequence, Step
-from reference_server.llm.timer import DeadlineTimer
-from reference_server.llm.tokens import token_at
+from harness_reference_server.llm.kv_cache import KVCache, block_hashes
+from harness_reference_server.llm.sequence import Sequence, Step
+from harness_reference_server.llm.timer import DeadlineTimer
+from harness_reference_server.llm.tokens import token_at
 
 # the step loop's timer correction: each step's error moves the slack by this share of it
 SLACK_GAIN = 0.1
@@ -53,7 +53,7 @@ class EngineConfig:
     beta2_s: float = 6e-6  # per decoding sequence in the step
     time_scale: float = 8.0
     prefix_caching: bool = True
-    # behaviours the planted faults switch (reference_server/llm/faults.py)
+    # behaviours the planted faults switch (harness_reference_server/llm/faults.py)
     chunked_prefill: bool = True
     static_batching: bool = False
     priority_inverted: bool = False

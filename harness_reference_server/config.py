@@ -10,8 +10,8 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
-from reference_server.errors import ConfigError
-from reference_server.fault_catalog import FAULT_HELP, FaultSet, parse_faults
+from harness_reference_server.errors import ConfigError
+from harness_reference_server.fault_catalog import FAULT_HELP, FaultSet, parse_faults
 
 MODELS = ("mlp", "sim")
 # Sized so that, on one core of a small CI machine, the model (not HTTP) dominates and the
@@ -21,7 +21,7 @@ MODELS = ("mlp", "sim")
 DEFAULT_MLP_DIMS = (256, 8192, 4096, 10)
 DEFAULT_SIM_DIMS = (16, 4)
 
-# --api openai is the LLM server (reference_server/llm/), with its own flags
+# --api openai is the LLM server (harness_reference_server/llm/), with its own flags
 APIS = ("kserve-v2", "openai")
 
 __all__ = ["APIS", "ConfigError", "ServerConfig", "build_parser", "parse_config", "selected_api"]
@@ -135,7 +135,7 @@ def _dims(flag: str):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m reference_server",
+        prog="python -m harness_reference_server",
         description="Reference dynamic-batching KServe V2 inference server.",
     )
     d = ServerConfig()
@@ -206,7 +206,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServerConfig:
     """Parse argv into a validated config; raises ConfigError on invalid values."""
     ns = build_parser().parse_args(argv)
     if ns.api != APIS[0]:
-        raise ConfigError(f"--api {ns.api} is configured by reference_server.llm.config")
+        raise ConfigError(f"--api {ns.api} is configured by harness_reference_server.llm.config")
     return ServerConfig(
         host=ns.host,
         port=ns.port,

@@ -26,17 +26,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from reference_server import __version__
-from reference_server.batch_queue import DeadlineExpired, QueueFull, ServerExiting
-from reference_server.batcher import Batcher, BatcherConfig
-from reference_server.config import ServerConfig
-from reference_server.faults import FaultRuntime
-from reference_server.metrics import CONTENT_TYPE, Metrics
-from reference_server.models import Model, build_model
-from reference_server.protocol import ProtocolError, infer_response, parse_infer_request
-from reference_server.stats import ModelStats
+from harness_reference_server import __version__
+from harness_reference_server.batch_queue import DeadlineExpired, QueueFull, ServerExiting
+from harness_reference_server.batcher import Batcher, BatcherConfig
+from harness_reference_server.config import ServerConfig
+from harness_reference_server.faults import FaultRuntime
+from harness_reference_server.metrics import CONTENT_TYPE, Metrics
+from harness_reference_server.models import Model, build_model
+from harness_reference_server.protocol import ProtocolError, infer_response, parse_infer_request
+from harness_reference_server.stats import ModelStats
 
-log = logging.getLogger("reference_server")
+log = logging.getLogger("harness_reference_server")
 
 
 class BodyTooLarge(Exception):
@@ -268,7 +268,7 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
     async def server_metadata(request: Request) -> Response:
         return JSONResponse(
             {
-                "name": "reference_server",
+                "name": "harness_reference_server",
                 "version": __version__,
                 "extensions": ["statistics"],
                 "model": model.name,
@@ -296,7 +296,7 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
         return Response(status_code=200 if state.ready else 503)
 
     async def model_stats(request: Request) -> Response:
-        """Triton's statistics extension (reference_server.stats); without a model in
+        """Triton's statistics extension (harness_reference_server.stats); without a model in
         the path, every model's."""
         name = request.path_params.get("model")
         if name is not None and name != model.name:

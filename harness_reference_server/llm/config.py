@@ -1,4 +1,4 @@
-"""The LLM server's configuration (``python -m reference_server --api openai``): one frozen
+"""The LLM server's configuration (``python -m harness_reference_server --api openai``): one frozen
 dataclass, built from the command line. Errors name the flag, the value and what is valid.
 
 The defaults and why: docs/llm-server.md ("Defaults").
@@ -11,10 +11,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from reference_server.errors import ConfigError
-from reference_server.llm.engine import EngineConfig
-from reference_server.llm.faults import LLM_FAULT_HELP, LLMFaultSet, parse_llm_faults
-from reference_server.llm.tokens import DEFAULT_MAX_MODEL_LEN
+from harness_reference_server.errors import ConfigError
+from harness_reference_server.llm.engine import EngineConfig
+from harness_reference_server.llm.faults import LLM_FAULT_HELP, LLMFaultSet, parse_llm_faults
+from harness_reference_server.llm.tokens import DEFAULT_MAX_MODEL_LEN
 
 APIS = ("kserve-v2", "openai")
 
@@ -120,7 +120,7 @@ def _check(ok: bool, flag: str, value: object, valid: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m reference_server --api openai",
+        prog="python -m harness_reference_server --api openai",
         description="Reference LLM server: OpenAI-compatible token streaming from a simulated "
         "continuous-batching engine (docs/llm-server.md).",
     )

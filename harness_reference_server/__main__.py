@@ -1,4 +1,4 @@
-"""``python -m reference_server``: parse flags, pin BLAS threads, serve with a drain window.
+"""``python -m harness_reference_server``: parse flags, pin BLAS threads, serve with a drain window.
 
 uvicorn closes its listening socket as soon as it sees SIGTERM, which leaves no window
 for readiness to drop while accepted requests finish. We take SIGTERM/SIGINT ourselves:
@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 import sys
 
-from reference_server.config import ConfigError, parse_config, selected_api  # no numpy: see main
+from harness_reference_server.config import (  # no numpy: see main
+    ConfigError,
+    parse_config,
+    selected_api,
+)
 
 
 def _pin_blas_threads(argv: list[str]) -> list[str]:
@@ -40,28 +44,28 @@ def main(argv: list[str] | None = None) -> int:
         if selected_api(argv) == "openai":
             return _main_llm(argv)
     except ConfigError as exc:
-        print(f"python -m reference_server: error: {exc}", file=sys.stderr)
+        print(f"python -m harness_reference_server: error: {exc}", file=sys.stderr)
         return 2
     argv = _pin_blas_threads(argv)
 
     try:
         config = parse_config(argv)
     except ConfigError as exc:
-        print(f"python -m reference_server: error: {exc}", file=sys.stderr)
+        print(f"python -m harness_reference_server: error: {exc}", file=sys.stderr)
         return 2
 
     # imported only now: it imports numpy, which reads the BLAS thread counts just pinned
-    from reference_server.serve import serve
+    from harness_reference_server.serve import serve
 
     return serve(config)
 
 
 def _main_llm(argv: list[str]) -> int:
-    """``--api openai``: the LLM server (reference_server/llm/, docs/llm-server.md)."""
-    from reference_server.llm.config import parse_llm_config
+    """``--api openai``: the LLM server (harness_reference_server/llm/, docs/llm-server.md)."""
+    from harness_reference_server.llm.config import parse_llm_config
 
     config = parse_llm_config(argv)
-    from reference_server.serve import serve_llm
+    from harness_reference_server.serve import serve_llm
 
     return serve_llm(config)
 

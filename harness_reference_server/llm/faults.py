@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference_server.fault_catalog import (
+from harness_reference_server.fault_catalog import (
     Fault,
     fault_help,
     fault_parser,
@@ -48,8 +48,8 @@ from reference_server.fault_catalog import (
     switch_fault,
 )
 
-_ENGINE = "EngineConfig (reference_server/llm/engine.py)"
-_STREAM = "the stream writer (reference_server/llm/api.py)"
+_ENGINE = "EngineConfig (harness_reference_server/llm/engine.py)"
+_STREAM = "the stream writer (harness_reference_server/llm/api.py)"
 
 LLM_FAULTS: tuple[Fault, ...] = (
     switch_fault("static-batching", "static_batching", _ENGINE, "no join until the batch drains"),
@@ -83,6 +83,6 @@ LLM_FAULTS: tuple[Fault, ...] = (
 )  # fmt: skip
 
 LLM_FAULT_NAMES: tuple[str, ...] = tuple(f.name for f in LLM_FAULTS)
-LLM_FAULT_HELP = fault_help(LLM_FAULTS, "reference_server/llm/faults.py")
+LLM_FAULT_HELP = fault_help(LLM_FAULTS, "harness_reference_server/llm/faults.py")
 LLMFaultSet: Any = fault_set_class(LLM_FAULTS, "LLMFaultSet", __name__)
 parse_llm_faults = fault_parser(LLM_FAULTS, LLMFaultSet)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from reference_server.llm.sequence import Sequence
+from harness_reference_server.llm.sequence import Sequence
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from reference_server.models import Model
+from harness_reference_server.models import Model
 
 
 class ProtocolError(Exception):

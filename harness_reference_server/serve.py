@@ -15,14 +15,14 @@ import prometheus_client
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from reference_server.app import ServerState, create_app, server_state
-from reference_server.config import ServerConfig
+from harness_reference_server.app import ServerState, create_app, server_state
+from harness_reference_server.config import ServerConfig
 
 if TYPE_CHECKING:
-    from reference_server.llm.api import LLMState
-    from reference_server.llm.config import LLMConfig
+    from harness_reference_server.llm.api import LLMState
+    from harness_reference_server.llm.config import LLMConfig
 
-log = logging.getLogger("reference_server")
+log = logging.getLogger("harness_reference_server")
 
 
 class DrainingServer(uvicorn.Server):
@@ -98,7 +98,7 @@ def serve(config: ServerConfig) -> int:
 
 def serve_llm(config: LLMConfig) -> int:
     """The LLM server (``--api openai``) under the same uvicorn setup and SIGTERM drain."""
-    from reference_server.llm.api import create_llm_app
+    from harness_reference_server.llm.api import create_llm_app
 
     _setup_logging(config.log_level)
     app = create_llm_app(config)

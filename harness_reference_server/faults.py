@@ -1,7 +1,7 @@
 """What the test-only defect switches (``--fault NAME[:PARAM]``) do while the server runs.
 
 Which faults exist, how each is spelled and parsed, its help and where its behaviour hooks
-in: ``reference_server/fault_catalog.py`` (each declared once, with what each defect is
+in: ``harness_reference_server/fault_catalog.py`` (each declared once, with what each defect is
 for). ``FaultRuntime`` here is their stateful side: leaks per request, the stall thread,
 per-batch output rewrites, the model-execution wrapper, the stall watchdog, the leaking
 HTTP protocol and the reset breaker.
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from reference_server.fault_catalog import FaultSet
+from harness_reference_server.fault_catalog import FaultSet
 
 # reset-breaker: this many client resets within BREAKER_SPAN_S open the breaker
 BREAKER_RESETS = 20
@@ -29,7 +29,7 @@ BREAKER_SPAN_S = 5.0
 if TYPE_CHECKING:
     import numpy as np
 
-log = logging.getLogger("reference_server.faults")
+log = logging.getLogger("harness_reference_server.faults")
 
 
 class ModelFault(Exception):
@@ -101,7 +101,11 @@ class FaultRuntime:
             log.warning(
                 "FAULT INJECTED: --fault %s (test-only defect, do not use in production)", name
             )
-            print(f"!!! reference_server: FAULT INJECTED: {name} !!!", file=sys.stderr, flush=True)
+            print(
+                f"!!! harness_reference_server: FAULT INJECTED: {name} !!!",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def mark_ready(self) -> None:
         """The server became ready; late-leak counts from the first time only."""

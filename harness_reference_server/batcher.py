@@ -44,14 +44,14 @@ from typing import Protocol
 
 import numpy as np
 
-from reference_server.batch_queue import (
+from harness_reference_server.batch_queue import (
     BatchQueue,
     DeadlineExpired,
     Pending,
     QueueFull,
     ServerExiting,
 )
-from reference_server.stats import ModelStats
+from harness_reference_server.stats import ModelStats
 
 
 class BatchObserver(Protocol):

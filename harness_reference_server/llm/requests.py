@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-from reference_server.llm.tokens import chat_prompt, effective_seed, message_text, token_ids
+from harness_reference_server.llm.tokens import chat_prompt, effective_seed, message_text, token_ids
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -1,3 +1,0 @@
-"""Reference dynamic-batching KServe V2 inference server (``python -m reference_server``)."""
-
-__version__ = "0.1.0"
