@@ -198,6 +198,21 @@ class Ui:
             by.setdefault(row.get("section", ""), []).append(row)
         return by
 
+    def indicator_is_under_the_open_tab(self) -> bool:
+        """Locust's tab bar underlines the open tab (MUI's indicator); read once its
+        300 ms slide is over."""
+        time.sleep(0.5)
+        (bar,) = self.d.find_elements(By.CSS_SELECTOR, ".MuiTabs-indicator")
+        (open_tab,) = [
+            t
+            for t in self.d.find_elements(By.CSS_SELECTOR, "[role=tab]")
+            if t.get_attribute("aria-selected") == "true"
+        ]
+        return open_tab.text.strip().lower() == "checklist" and (
+            abs(bar.rect["x"] - open_tab.rect["x"]) < 2
+            and abs(bar.rect["width"] - open_tab.rect["width"]) < 2
+        )
+
     def verdict_of(self, run: str, timeout: float = 180.0) -> dict[str, list[dict[str, str]]]:
         """Wait until the tab lists ``run`` among the judged runs; the tab's rows then."""
 
@@ -306,6 +321,7 @@ def test_ui_runs_are_judged_into_their_own_dirs_with_the_verdict_in_the_tab(
             assert all((out / run / f).is_file() for f in FOUR), sorted(os.listdir(out / run))
         listed = {r["name"]: r["state"] for r in rows["runs"]}
         assert listed == {"run-1": "FAIL", "run-2": "PASS"}, rows["runs"]
+        assert ui.indicator_is_under_the_open_tab()  # not under a tab left of it
         # the UI serves each run's outputs
         served = urllib.request.urlopen(url + "harness/runs/run-1/summary.md").read().decode()
         assert "integrity.mismatches" in served and "FAIL" in served
