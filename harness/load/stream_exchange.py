@@ -16,7 +16,10 @@ time like every other request of the run, and
 - records the stream into the recording's token statistics by traffic class and by stage
   (``Recording.tokens``): TTFT, TPOT, inter-token gaps, tokens in and out, and every
   problem code seen — a wrong ``usage``, a missing ``[DONE]`` or usage chunk, data after
-  ``[DONE]`` are counted there (``llm.stream_integrity``) without failing the request;
+  ``[DONE]`` are counted there (``llm.stream_integrity``) without failing the request.
+  ``usage`` is wrong when it differs from the reference tokenizer's count of the text
+  (with ``verify``: the reference server) or, from any other server, when it is below
+  its token-bearing events (it may merge tokens into one event; its tokenizer is not ours);
 - with ``expected`` (the reference server's oracle, one per pool input) checks the text,
   finish reason and ``usage`` of every stream, and counts the run's integrity results
   (``ok`` / ``cross_wired``) as the V2 golden check does.
@@ -87,6 +90,9 @@ class StreamExchange:
         self.limits = StreamLimits(deadline_s=timeout_s, stall_s=min(timeout_s, STALL_S))
         self.prompt_tokens = [i.get("prompt_tokens") for i in inputs]
         self.expected: list[Expectation] | None = expectations(inputs) if verify else None
+        # the reference server's tokenizer counts its events; any other server's tokens are
+        # its own (its usage is then checked against the token-bearing events, one each)
+        self.recorder_options: dict[str, Any] = {} if verify else {"count_tokens": None}
 
     def dropped(self, cls: str, stage: str) -> None:
         """A request the in-flight cap kept from being sent: not a whole answer
@@ -114,6 +120,7 @@ class StreamExchange:
             clock=self.clock,
             expected=expected,
             prompt_tokens=self.prompt_tokens[index],
+            **self.recorder_options,
         )
         outcome = outcome_of(rec)
         tokens = self.recording.tokens
