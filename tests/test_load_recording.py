@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from harness.analysis.hdr import decode, new_histogram, summary_ms
 from harness.load.recording import Recording, counters_view
 
@@ -137,3 +139,49 @@ def test_percentiles_of_empty_and_decode_roundtrip() -> None:
     again = decode(h.encode())
     assert again.get_value_at_percentile(99) == h.get_value_at_percentile(99)
     assert decode(None).get_total_count() == 0
+
+
+def test_a_windows_token_figures_merge_exactly_across_workers() -> None:
+    """Two workers stream in the same window: its row's output tokens per second is their
+    sum over the width, and its TTFT / TPOT percentiles are those of all streams together
+    (a failed stream's tokens count, its times do not)."""
+    from tests.test_token_metrics import stream
+
+    master = Recording(window_s=2.0)
+    master.expect(["a", "b"])
+    workers = {"a": Recording(window_s=2.0), "b": Recording(window_s=2.0)}
+    ttfts = {"a": [0.010, 0.020, 0.030], "b": [0.040, 0.200]}
+    for name, rec in workers.items():
+        for i, first in enumerate(ttfts[name]):
+            t = 0.1 * i
+            # 3 tokens: TPOT = (last - first) / 2 = 5 ms each
+            s = stream([(first, " ba"), (first + 0.005, " be"), (first + 0.010, " bi")], usage=3)
+            rec.scheduled("c", "s", t)
+            rec.sent("c", "s", t, 0)
+            rec.stream_ended("c", t, s)
+            rec.done("c", "s", t, "ok", (first + 0.011) * 1e6)
+    bad = stream([(0.05, " ba"), (0.06, " be")], error=True)  # 2 tokens, then an error
+    rec = workers["b"]
+    rec.scheduled("c", "s", 0.5)
+    rec.sent("c", "s", 0.5, 0)
+    rec.stream_ended("c", 0.5, bad)
+    rec.done("c", "s", 0.5, "error_in_stream", 61_000)
+    for name, rec in workers.items():
+        master.merge(rec.drain(now_t=9.0, final=True), source=name)
+    master.finish()
+    (row,) = master.rows
+    assert row["tokens_out_per_s"] == (5 * 3 + 2) / 2.0
+    assert row["ttft_p50_ms"] == pytest.approx(30.0, abs=0.05)  # 3rd of 5 ok streams
+    assert row["ttft_p99_ms"] == pytest.approx(200.0, abs=0.2)
+    assert row["tpot_p99_ms"] == pytest.approx(5.0, abs=0.01)
+
+
+def test_a_window_without_streams_has_no_token_columns() -> None:
+    rec = Recording(window_s=1.0)
+    rec.scheduled("c", "s", 0.2)
+    rec.sent("c", "s", 0.2, 0)
+    rec.done("c", "s", 0.2, "ok", 1000)
+    master = Recording(window_s=1.0)
+    master.merge(rec.drain(now_t=5.0, final=True), source="w")
+    master.finish()
+    assert not any(k.startswith(("tokens", "ttft", "tpot")) for k in master.rows[0])

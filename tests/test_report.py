@@ -28,7 +28,7 @@ EXPECTED_PLOTS = {
     "soak": {"latency", "throughput", "resources", "threads"},
     "spike": {"latency", "throughput"},
 }
-ALL_PLOTS = {"latency", "throughput", "resources", "threads", "linearity", "contention"}
+ALL_PLOTS = {"latency", "throughput", "tokens", "resources", "threads", "linearity", "contention"}
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +294,38 @@ def test_missing_or_malformed_data_omits_plots_with_a_note(tmp_path):
         "plot-1-broken-linearity",
         "plot-1-broken-throughput",
     }
+
+
+def test_a_streaming_runs_windows_draw_ttft_tpot_tokens_and_the_servers_kv_cache(tmp_path):
+    """Windows that carry token columns get the tokens plot, with the server's KV-cache
+    usage and preemptions from its scraped /metrics on the tokens panel."""
+    rows = [
+        {"t": float(t), "class": "default", "n": 8, "ok": 8, "errors": {}, "p50_ms": 900.0,
+         "p90_ms": 1200.0, "p99_ms": 1500.0, "max_ms": 1500.0, "tokens_out_per_s": 250.0 + t,
+         "ttft_p50_ms": 90.0, "ttft_p99_ms": 120.0, "tpot_p50_ms": 48.0, "tpot_p99_ms": 52.0}
+        for t in range(10)
+    ]  # fmt: skip
+    ts = [float(t) for t in range(11)]
+    metrics = {
+        "series": {
+            'vllm:kv_cache_usage_perc{model_name="m"}': {"t": ts, "v": [0.03] * 11},
+            'vllm:num_preemptions_total{model_name="m"}': {"t": ts, "v": [0.0] * 5 + [2.0] * 6},
+        }
+    }
+    from harness.report import plots
+
+    sc = scenario("llm_steady", 10.0, windows={"width_s": 1.0, "rows": rows}, metrics=metrics)
+    fig = plots.tokens(sc)
+    assert not isinstance(fig, plots.Missing)
+    tokens_panel = fig.axes[2]
+    assert [line.get_label() for line in tokens_panel.get_lines()] == ["default output tokens/s"]
+    right = {line.get_label(): line for ax in fig.axes[3:] for line in ax.get_lines()}
+    assert set(right) == {"server KV cache used (%)", "server preemptions/s"}
+    assert max(right["server KV cache used (%)"].get_ydata()) == pytest.approx(3.0)
+    assert max(right["server preemptions/s"].get_ydata()) == pytest.approx(2.0)
+    bare = scenario("steady_state", 10.0, windows={"width_s": 1.0, "rows": rows[:1]})
+    del bare["windows"]["rows"][0]["tokens_out_per_s"]
+    assert isinstance(plots.tokens(bare), plots.Missing)
 
 
 def test_render_dir_rerenders_from_results_json(tmp_path):

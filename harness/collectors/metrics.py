@@ -18,7 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.collectors.loop import CsvStream, TickLoop
 
 METRICS_COLUMNS = ["t", "ts", "name", "labels", "value"]
-DEFAULT_MATCH = r"queue|batch|process_|request"
+# LLM servers: KV-cache usage, preemptions, token counters and the sums and counts of their
+# TTFT / inter-token histograms (vLLM's vllm:*, SGLang's sglang:token_usage, TGI's tgi_*)
+DEFAULT_MATCH = (
+    r"queue|batch|process_|request|kv_cache|preempt|_tokens|token_usage"
+    r"|time_to_first_token|inter_token|time_per_output_token"
+)
 # Histogram buckets and _created timestamps multiply series without telling much over time.
 DEFAULT_EXCLUDE = r"_bucket$|_created$"
 

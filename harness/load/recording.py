@@ -30,7 +30,8 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from harness.load.stream_recording import StreamStats
+from harness.load.stream_recording import StreamStats, WindowTokens
+from harness.protocols.openai_stream import StreamRecord
 from harness.results import hdr
 from harness.results.readers import window_percentiles
 from harness.results.records import (
@@ -58,13 +59,15 @@ MAX_EXAMPLES_PER_KIND = 5
 
 
 class Cell:
-    """Outcome counters plus the latency histogram of ``ok`` answers, for one bucket."""
+    """Outcome counters plus the latency histogram of ``ok`` answers, for one bucket; a
+    window's cell of a streaming run also holds its token figures (``tokens``)."""
 
-    __slots__ = ("counts", "hdr")
+    __slots__ = ("counts", "hdr", "tokens")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.hdr: HdrHistogram | None = None
+        self.tokens: WindowTokens | None = None
 
     def record_ok(self, latency_us: int) -> None:
         if self.hdr is None:
@@ -72,7 +75,10 @@ class Cell:
         self.hdr.record_value(latency_us)
 
     def encode(self) -> dict[str, Any]:
-        return {"c": dict(self.counts), "h": hdr.encode(self.hdr)}
+        out = {"c": dict(self.counts), "h": hdr.encode(self.hdr)}
+        if self.tokens is not None:
+            out["s"] = self.tokens.encode()
+        return out
 
     def add(self, data: Mapping[str, Any]) -> None:
         self.counts.update(data.get("c") or {})
@@ -80,6 +86,10 @@ class Cell:
             if self.hdr is None:
                 self.hdr = hdr.new_histogram()
             self.hdr.add(hdr.decode(data["h"]))
+        if data.get("s"):
+            if self.tokens is None:
+                self.tokens = WindowTokens()
+            self.tokens.add(data["s"])
 
     def add_cell(self, other: Cell) -> None:
         self.counts.update(other.counts)
@@ -87,6 +97,10 @@ class Cell:
             if self.hdr is None:
                 self.hdr = hdr.new_histogram()
             self.hdr.add(other.hdr)
+        if other.tokens is not None:
+            if self.tokens is None:
+                self.tokens = WindowTokens()
+            self.tokens.add_other(other.tokens)
 
 
 def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> Counters:
@@ -252,6 +266,17 @@ class Recording:
             if outcome == "ok":
                 self.first.record_value(value)
 
+    def stream_ended(self, cls: str, t: float, rec: StreamRecord) -> None:
+        """A stream's token figures into its window (call before ``done``: the window
+        ships only once nothing sent in it is in flight)."""
+        if self.closed:
+            return
+        w = int(t // self.window_s) if t > 0 else 0
+        cell = self.windows.setdefault(w, {}).setdefault(cls, Cell())
+        if cell.tokens is None:
+            cell.tokens = WindowTokens()
+        cell.tokens.record(rec)
+
     def integrity_result(self, kind: str, example: Mapping[str, Any] | None = None) -> None:
         """Count one verified answer (``ok``/``drift``/``cross_wired``/``id_mismatch``)."""
         if self.closed:
@@ -392,6 +417,8 @@ class Recording:
                 "p99_ms": pct["p99_ms"],
                 "max_ms": pct["max_ms"],
             }
+            if cell.tokens is not None:
+                row.update(cell.tokens.row(self.window_s))  # type: ignore[typeddict-item]
             rows.append(row)
         return rows
 

@@ -126,6 +126,7 @@ class StreamExchange:
         tokens = self.recording.tokens
         tokens["class"].record(cls, rec, verified=expected is not None)
         tokens["stage"].record(stage, rec, verified=expected is not None)
+        self.recording.stream_ended(cls, t, rec)
         if expected is not None and rec.status == 200 and not rec.failed:
             if outcome == "cross_wired":
                 self.recording.integrity_result(

@@ -192,3 +192,64 @@ class StreamStats:
             "classes": {cls: cell.summary() for cls, cell in sorted(self.cells.items())},
             "total": total.summary(),
         }
+
+
+class WindowTokens:
+    """A time window's token figures for one class, kept beside its request counters
+    (``harness.load.recording.Cell``, windows keyed by the intended send time): output
+    tokens of every stream sent in the window (failed ones included), and the TTFT and TPOT
+    of the ones that did not fail. Shipped, merged and summarised with the window."""
+
+    __slots__ = ("tokens_out", "ttft", "tpot")
+
+    def __init__(self) -> None:
+        self.tokens_out = 0
+        self.ttft: HdrHistogram | None = None
+        self.tpot: HdrHistogram | None = None
+
+    def record(self, rec: StreamRecord) -> None:
+        self.tokens_out += rec.output_tokens
+        if rec.failed:
+            return
+        if rec.ttft_s is not None:
+            if self.ttft is None:
+                self.ttft = hdr.new_histogram()
+            self.ttft.record_value(_us(rec.ttft_s))
+        tpot = tpot_s(rec)
+        if tpot is not None:
+            if self.tpot is None:
+                self.tpot = hdr.new_histogram()
+            self.tpot.record_value(_us(tpot))
+
+    def encode(self) -> dict[str, Any]:
+        return {"n": self.tokens_out, "ttft": hdr.encode(self.ttft), "tpot": hdr.encode(self.tpot)}
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        self.tokens_out += int(data.get("n") or 0)
+        for name in ("ttft", "tpot"):
+            if data.get(name):
+                self._into(name, hdr.decode(data[name]))
+
+    def add_other(self, other: WindowTokens) -> None:
+        self.tokens_out += other.tokens_out
+        for name in ("ttft", "tpot"):
+            h = getattr(other, name)
+            if h is not None and h.get_total_count():
+                self._into(name, h)
+
+    def _into(self, name: str, h: HdrHistogram) -> None:
+        mine = getattr(self, name)
+        if mine is None:
+            mine = hdr.new_histogram()
+            setattr(self, name, mine)
+        mine.add(h)
+
+    def row(self, width_s: float) -> dict[str, Any]:
+        """The window row's token columns: output tokens per second of the window's
+        width, and TTFT / TPOT p50 and p99 in ms (None with no value)."""
+        out: dict[str, Any] = {"tokens_out_per_s": round(self.tokens_out / width_s, 3)}
+        for name, h in (("ttft", self.ttft), ("tpot", self.tpot)):
+            pct = hdr.summary_ms(h) if h is not None else {}
+            out[f"{name}_p50_ms"] = pct.get("p50_ms")
+            out[f"{name}_p99_ms"] = pct.get("p99_ms")
+        return out

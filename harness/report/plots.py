@@ -161,6 +161,70 @@ def throughput(sc: Mapping[str, Any]) -> Figure | Missing:
     return fig
 
 
+def _server_metric(sc: Mapping[str, Any], needle: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The first scraped ``/metrics`` series whose name contains ``needle``, its labels'
+    series added up (one value per scrape)."""
+    found: dict[float, float] = {}
+    for key, ser in ((sc.get("metrics") or {}).get("series") or {}).items():
+        if needle in key.split("{")[0]:
+            for t, v in zip(ser.get("t") or [], ser.get("v") or [], strict=False):
+                found[t] = found.get(t, 0.0) + float(v)
+    if not found:
+        return None
+    ts = sorted(found)
+    return np.asarray(ts), np.asarray([found[t] for t in ts])
+
+
+def tokens(sc: Mapping[str, Any]) -> Figure | Missing:
+    """TTFT and TPOT p50 / p99 per window and class, output tokens per second, and the
+    server's KV-cache usage and preemptions from its ``/metrics`` when it exposes them."""
+    rows, _ = _rows(sc)
+    rows = [r for r in rows if "tokens_out_per_s" in r]
+    if not rows:
+        return Missing("the run streamed no tokens (windows carry them for a streaming protocol)")
+    classes = sorted({str(r.get("class")) for r in rows})
+    fig, axes = _figure(3, (9.0, 2.4))
+    for ax, name, title in (
+        (axes[0], "ttft", "TTFT (ms)"),
+        (axes[1], "tpot", "TPOT (ms)"),
+    ):
+        for i, cls in enumerate(classes):
+            mine = [r for r in rows if str(r.get("class")) == cls]
+            for q, style in (("p99", "-"), ("p50", "--")):
+                t, v = numeric_series(
+                    [r.get(f"{name}_{q}_ms") for r in mine], [r["t"] for r in mine]
+                )
+                if len(t):
+                    ax.plot(t, v, style, color=f"C{i}", lw=1.2, label=f"{cls} {q}")
+        ax.set_ylabel(title)
+        ax.set_ylim(bottom=0)
+        _shade_chaos(ax, sc)
+        ax.legend(fontsize="small", ncols=4)
+    axes[0].set_title("Tokens per window, by the streams sent in it (chaos shaded)")
+    ax = axes[2]
+    for i, cls in enumerate(classes):
+        mine = [r for r in rows if str(r.get("class")) == cls]
+        ax.plot([r["t"] for r in mine], [r["tokens_out_per_s"] for r in mine], color=f"C{i}",
+                lw=1.2, label=f"{cls} output tokens/s")  # fmt: skip
+    ax.set_ylabel("tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("time since start (s)")
+    kv = _server_metric(sc, "kv_cache_usage") or _server_metric(sc, "token_usage")
+    preempt = _server_metric(sc, "preemptions")
+    if kv is not None or preempt is not None:
+        right = ax.twinx()
+        if kv is not None:
+            right.plot(kv[0], kv[1] * 100, color="#6c757d", lw=1, label="server KV cache used (%)")
+        if preempt is not None and len(preempt[0]) > 1:
+            rate = np.diff(preempt[1]) / np.maximum(np.diff(preempt[0]), 1e-9)
+            right.step(preempt[0][1:], rate, color="#e63946", lw=1, label="server preemptions/s")
+        right.set_ylim(bottom=0)
+        right.set_ylabel("server")
+        right.legend(fontsize="small", loc="upper right")
+    ax.legend(fontsize="small", loc="upper left")
+    return fig
+
+
 _RESOURCES = (
     ("rss_bytes", "RSS (MiB)", 2**20, "MiB/min"),
     ("threads", "threads", 1, "/min"),
@@ -377,6 +441,7 @@ def _pair() -> tuple[Figure, Sequence[Any]]:
 PLOTS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Figure | Missing]], ...] = (
     ("latency", "Latency percentiles over time (chaos intervals shaded)", latency),
     ("throughput", "Throughput and errors by kind over time", throughput),
+    ("tokens", "TTFT, TPOT and output tokens over time, KV cache beside them", tokens),
     ("resources", "Server RSS / threads / fds with fitted trend", resources),
     ("threads", "Per-thread CPU (top threads)", threads),
     ("linearity", "Linearity curve with USL fit", linearity),

@@ -72,6 +72,13 @@ WindowRow = TypedDict(
         "p99_ms": float | None,
         "max_ms": float | None,
         "late": NotRequired[bool],  # a straggler summarised after its window
+        # a streaming protocol's token figures of the streams sent in the window: output
+        # tokens (failed streams' included) per second of window, TTFT / TPOT of the ok ones
+        "tokens_out_per_s": NotRequired[float],
+        "ttft_p50_ms": NotRequired[float | None],
+        "ttft_p99_ms": NotRequired[float | None],
+        "tpot_p50_ms": NotRequired[float | None],
+        "tpot_p99_ms": NotRequired[float | None],
     },
 )
 
