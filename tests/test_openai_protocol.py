@@ -129,6 +129,12 @@ def test_ttft_and_tpot_p99_judge_the_stage_and_count_failures_as_over() -> None:
     assert c.passed is False and "10 of 150 requests failed" in c.detail
     few = _judge("llm.ttft_p99", healthy[:50])
     assert few.passed is None and "too few" in few.detail
+    # nearly every stream cut short: too few successes for a p99 of their own, but the
+    # failures are the p99 (a failure, not a skip)
+    cut = healthy[:2] + [_stream(0.08, 0.02, 16, finish=False) for _ in range(148)]
+    for check_id in ("llm.ttft_p99", "llm.tpot_p99"):
+        c = _judge(check_id, cut)
+        assert c.passed is False and "148 of 150 requests failed" in c.detail, c
 
 
 def test_stream_integrity_counts_wrong_usage_and_goodput_counts_whole_answers() -> None:

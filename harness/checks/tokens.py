@@ -65,15 +65,13 @@ def _latency_p99(result: Mapping[str, Any], r: Result, hist: str, what: str) -> 
     dropped = int(cell.get("dropped") or 0)
     h = cell.get(f"{hist}_ms") or {}
     n = int(h.get("count") or 0)
-    if n < int(r.params["min_requests"]):
-        return r.skipped(
-            f"{n} {what} values in {where} (< {r.params['min_requests']}): too few for a p99",
-            n=n,
-        )
     total = ok_n + failed + dropped
     bad = failed + dropped
     p99 = float(h.get("p99_ms") or 0.0)
-    if total and bad / total > 0.01:
+    # enough requests for a p99 but too few successes: the failures are the p99 (a
+    # server that fails nearly every stream must not have its p99 skipped for want of
+    # successes)
+    if total >= int(r.params["min_requests"]) and bad / total > 0.01:
         return r.judged(
             float("inf"),
             False,
@@ -81,6 +79,11 @@ def _latency_p99(result: Mapping[str, Any], r: Result, hist: str, what: str) -> 
             f"dropped ({bad / total:.2%}), more than the 1 % a p99 leaves (the successes' "
             f"p99 {fmt(p99)} ms) — see the failures by kind and llm.goodput",
             n=total,
+        )
+    if n < int(r.params["min_requests"]):
+        return r.skipped(
+            f"{n} {what} values in {where} (< {r.params['min_requests']}): too few for a p99",
+            n=n,
         )
     ok = r.compare(p99)
     detail = (
