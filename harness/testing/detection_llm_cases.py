@@ -4,7 +4,9 @@ by a planted defect of the reference LLM server (``python -m harness_reference_s
 the healthy server under the same conditions.
 
 Every case runs ``llm_steady --quick --duration 20``: 17.5 s of steady load at 8 requests/s
-(about 140 streams: a p99 from at least 100 values; each check's ``min_requests``).
+(about 140 streams: a p99 from at least 100 values; each check's ``min_requests``). The
+generalisation rows fail a check another row already fails in CI: bench/detection_repeat.py
+proves them (tests/test_detection.py runs them with HARNESS_DETECTION_ALL=1).
 """
 
 from __future__ import annotations
@@ -77,5 +79,43 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         },
         why="5 % of requests without a whole answer: goodput ~95 % < 99 %, while the "
         "status codes are all 200 (a status-code error rate sees nothing)",
+    ),
+    DetectionCase(
+        name="llm-truncate-on-arrival",
+        defect="a new request ends every running stream with [DONE] under its 200, without "
+        "a finish_reason (llama-cpp-python's interrupt_requests)",
+        scenario="llm_steady",
+        check="llm.goodput",
+        api="openai",
+        fault="truncate-on-arrival",
+        duration_s=LLM_DURATION_S,
+        generalisation=True,
+        allowed={
+            "llm.stream_integrity": "a stream without its finish_reason is also malformed",
+            "llm.ttft_p99": "more than 1 % of the requests failed: the p99 is a failure",
+            "llm.tpot_p99": "more than 1 % of the requests failed: the p99 is a failure",
+        },
+        why="at 8 streams/s of 16-48 tokens (~1-2.5 s each) most streams are still "
+        "running when the next request arrives: they end early, looking whole to a client "
+        "that reads [DONE] as the end (every status 200, every stream closed cleanly)",
+    ),
+    DetectionCase(
+        name="llm-cross-stream",
+        defect="in a step that emits several tokens, with probability 0.05 two streams' "
+        "tokens are swapped",
+        scenario="llm_steady",
+        check="llm.stream_integrity",
+        api="openai",
+        fault="cross-stream:0.05",
+        duration_s=LLM_DURATION_S,
+        generalisation=True,
+        allowed={
+            "llm.goodput": "a stream carrying another's tokens is not a whole answer",
+            "llm.ttft_p99": "more than 1 % of the requests failed: the p99 is a failure",
+            "llm.tpot_p99": "more than 1 % of the requests failed: the p99 is a failure",
+        },
+        why="a swapped token makes both streams' text differ from what the reference "
+        "server's oracle predicts for their prompts: tokens of another request, under "
+        "correct lengths, finish reasons and usage",
     ),
 )
