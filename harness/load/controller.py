@@ -55,7 +55,9 @@ log = logging.getLogger("harness.load")
 
 REPORT_EVERY_S = 3.0  # local runner: how often the engine's recording is merged
 WRITE_EVERY_S = 30.0  # partial results.json while a run is going (a killed soak keeps them)
-PLAN_LEAD_S = 1.0  # t = 0 this far after preparation: time for plans and spawns to land
+# t = 0 this far after preparation: time for the plans and Locust's spawn messages to land
+# and every load process's scheduler to start (docs/performance.md, "A run's fixed cost")
+PLAN_LEAD_S = 0.3
 PROGRESS_EVERY_S = 1.0  # --out/progress.json, read by `harness acceptance` for its live line
 PROGRESS_SPAN_S = 5.0  # the live req/s and p99 cover the last this many seconds
 JUDGE_TIMEOUT_S = 300.0  # `harness judge` of a web UI run (checks, reports)

@@ -11,6 +11,7 @@ the workers with Locust's own option forwarding.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ import sys
 from typing import Any
 
 import gevent
-from locust import events
+from locust import argument_parser, events
 from locust.runners import MasterRunner, WorkerRunner
 
 from harness import sut
@@ -37,6 +38,30 @@ __all__ = ["ClosedLoopUser", "OpenLoopUser", "ScenarioShape", "register"]
 log = logging.getLogger("harness.load")
 
 events.init_command_line_parser.add_listener(add_options)
+
+
+def cache_locust_defaults() -> None:
+    """Build Locust's table of its own options' defaults once per process.
+
+    A worker handling a spawn message asks ``argument_parser.default_args_dict()`` once per
+    option the master forwards, and each call builds and parses a fresh argument parser:
+    with the harness's options that held a worker's loop for ~0.5 s before its users
+    started (docs/performance.md, "A run's fixed cost"). The table depends on Locust's
+    built-in options only, so it is the same every time; each caller gets its own copy.
+    """
+    build = argument_parser.default_args_dict
+    if getattr(build, "cached_by_harness", False):
+        return
+    table = functools.cache(build)
+
+    def default_args_dict() -> dict:
+        return dict(table())
+
+    default_args_dict.cached_by_harness = True  # type: ignore[attr-defined]
+    argument_parser.default_args_dict = default_args_dict
+
+
+cache_locust_defaults()
 
 
 def register(environment: Any) -> HarnessState | None:
