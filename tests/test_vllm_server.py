@@ -20,9 +20,11 @@ after the run (the delta is the run's):
 - counts: vLLM timed a first token and a TPOT for every stream the harness sent, and one
   inter-token latency per output token after the first (its ITL is per token; the
   harness's per event, fewer: vLLM merges tokens into one event under load);
-- TTFT: vLLM's clock starts when its HTTP handler takes the request and stops when its
-  front end holds the first token; the client's starts at the request's intended send
-  time and stops when it has read the token's event. So client >= server for every
+- TTFT: vLLM's clock starts when its handler renders the request (after HTTP parsing and
+  validation, before the chat template and tokenizer) and stops when its front end
+  receives the engine's output holding the first token (before detokenizing and sending
+  it); the client's starts at the request's intended send time and stops when it has
+  read the token's event. So client >= server for every
   request, and at each quantile the server's histogram holds at least that share of the
   requests at the bucket bound above the client's value; with the difference under
   ``TTFT_OVERHEAD_S`` per request, it holds less than that share at the bound below the
