@@ -14,6 +14,11 @@ ready. Nothing in the harness is changed to be measured.
     python bench/run_overhead.py                          # steady_state, 5 s, 3 runs
     python bench/run_overhead.py --runs 5 --duration 5
     python bench/run_overhead.py --scenarios steady_state,spike --runs 1
+    python bench/run_overhead.py --processes 2            # Locust master + 2 workers
+
+Each run's line also says how late its sends left (the results' dispatch lag: its
+maximum, which a first send made late by a short start-up lead would set) and the p50
+of its first requests' latency, taken from their intended send times.
 
 Run it alone (``flock /tmp/harness-cpu.lock python bench/run_overhead.py``): the figures
 are timings.
@@ -157,6 +162,23 @@ def phases(procs: dict[int, Proc], out: Path, launched: float, ended: float) -> 
     return rows
 
 
+def lateness(out: Path) -> str:
+    """The sends' lateness of every scenario of a run: dispatch lag max, first-requests p50."""
+    from harness.analysis import hdr
+
+    said = []
+    for d in sorted(p.parent for p in out.glob("*/results.json")):
+        sc = json.loads((d / "results.json").read_text())["scenarios"][0]
+        lag = hdr.decode(sc.get("dispatch_lag_hdr"))
+        first = hdr.decode((sc.get("first_requests") or {}).get("latency_hdr"))
+        p50 = hdr.percentile_ms(first, 50.0)
+        said.append(
+            f"{sc['name']}: dispatch lag max {lag.get_max_value() / 1000:.1f} ms, "
+            f"first requests p50 {'–' if p50 is None else f'{p50:.1f}'} ms"
+        )
+    return "; ".join(said)
+
+
 def one_run(args: argparse.Namespace, work: Path, index: int) -> tuple[list[dict], float]:
     out = work / f"run{index}"
     log = work / f"events{index}.tsv"
@@ -172,6 +194,8 @@ def one_run(args: argparse.Namespace, work: Path, index: int) -> tuple[list[dict
         cmd = ["run", args.scenario, "--duration", str(args.duration)]
     argv = [sys.executable, "-m", "harness", *cmd, "--quick", "--out", str(out)]
     argv.append(f"--locust-arg=--capacity-rps={args.capacity_rps}")
+    if args.processes:
+        argv.append(f"--locust-arg=--processes={args.processes}")
     launched = time.time()
     proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     ended = time.time()
@@ -182,7 +206,7 @@ def one_run(args: argparse.Namespace, work: Path, index: int) -> tuple[list[dict
     load = sum(r["LOAD"] for r in rows)
     wall = ended - launched
     print(f"run {index}: wall {wall:.2f} s, load {load:.2f} s, fixed cost {wall - load:.2f} s, "
-          f"verdict {verdict}")  # fmt: skip
+          f"verdict {verdict}; {lateness(out)}")  # fmt: skip
     return rows, wall - load
 
 
@@ -205,6 +229,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default=None, help="run `harness acceptance --scenarios`")
     ap.add_argument("--capacity-rps", type=float, default=600.0)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--processes", type=int, default=0, help="Locust workers (--processes N)")
     ap.add_argument("--keep", default=None, help="keep the runs' directories here")
     args = ap.parse_args()
     print(conditions())

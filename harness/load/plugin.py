@@ -44,10 +44,10 @@ def cache_locust_defaults() -> None:
     """Build Locust's table of its own options' defaults once per process.
 
     A worker handling a spawn message asks ``argument_parser.default_args_dict()`` once per
-    option the master forwards, and each call builds and parses a fresh argument parser:
-    with the harness's options that held a worker's loop for ~0.5 s before its users
-    started (docs/performance.md, "A run's fixed cost"). The table depends on Locust's
-    built-in options only, so it is the same every time; each caller gets its own copy.
+    option the master forwards, and each call builds and parses a fresh argument parser,
+    all on the worker's loop before its users start (docs/performance.md, "A run's fixed
+    cost"). The table depends on Locust's built-in options only, so it is the same every
+    time; each caller gets its own copy.
     """
     build = argument_parser.default_args_dict
     if getattr(build, "cached_by_harness", False):
