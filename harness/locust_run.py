@@ -338,8 +338,10 @@ class ImportWhenWritten:
     results written every 30 s during a long load do not count). What the caller's
     wrap-up imports (the checks, matplotlib: ~0.8 s) then loads beside Locust's own
     wrap-up, never during the load; a document written otherwise only means no head start.
-    ``cancel()`` ends the wait when the run ended without them; an import already started
-    finishes (the caller's own import of the module waits for it)."""
+    ``cancel()`` ends the wait when the run ended without them and returns once this
+    thread is done: an import it already started finishes first, so the caller's own
+    imports never run beside it (two threads importing one package's modules at once can
+    leave one with a partially initialised module: ``ImportError: cannot import name``)."""
 
     POLL_S = 0.05
     COMPLETE = b'"partial": false'
@@ -379,3 +381,4 @@ class ImportWhenWritten:
 
     def cancel(self) -> None:
         self._cancelled.set()
+        self._thread.join()
