@@ -130,6 +130,14 @@ def test_validity_dispatch_lag_is_relative_to_the_scenarios_slo() -> None:
     assert "dispatch lag p99 15.0 ms > 10.0 ms" in reason
     # the checklist's SLO counts too
     assert validity(good_steady(dispatch_lag_hdr=lag), {"steady.p99_ms": {"threshold": 100}})
+    # a token scenario's SLO is its TTFT bound (2,000 ms → 200 ms allowed)
+    slow = hdr([1000] * 980 + [150_000] * 20)  # p99 150 ms
+    llm = good_steady(dispatch_lag_hdr=slow)
+    llm["check_config"] = {"llm.ttft_p99": {"stage": "steady"}}
+    assert validity(llm) == []
+    llm["check_config"]["llm.ttft_p99"]["threshold"] = 1000  # → 100 ms allowed
+    (reason,) = validity(llm)
+    assert "dispatch lag p99 150.0 ms > 100.0 ms" in reason
 
 
 def test_validity_margins_report_how_close_a_run_came() -> None:
