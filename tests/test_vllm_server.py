@@ -215,6 +215,9 @@ def _acceptance(url: str, out: Path) -> tuple[subprocess.CompletedProcess[str], 
 
 
 @pytest.mark.slow
+# the wait for .ci/run's install, then ~75 s of its own (the suite's 300 s would cut the
+# wait short and let the install run beside the tests after this one)
+@pytest.mark.timeout(INSTALL_WAIT_S + 300)
 def test_vllm_llm_checklist(vllm: str, tmp_path: Path) -> None:
     """llm_steady's quick checklist passes against vLLM, and the harness's counts, TTFT and
     TPOT agree with vLLM's own histograms of the same requests (module docstring)."""
