@@ -23,7 +23,8 @@ one after the other (never together: 2 cores):
      of ``--seconds`` at ``--rate`` req/s with the same ``--arrival``.
 
 Between and after the runs the server's ``GET /debug/timings`` is read, so every
-request the server saw is attributed to the run that sent it.
+request the server saw is attributed to the run that sent it; the last reading is kept
+as ``server_timings.json`` under ``--out``.
 
 Prints one table: requests, TTFT, inter-token latency and TPOT p50/p99, output tokens/s,
 each as GuideLLM reports it, as GuideLLM's own per-request records give it under the
@@ -285,6 +286,7 @@ def table(g: dict[str, Any], h: dict[str, Any], sg: dict[str, Any], sh: dict[str
             f"{g['errored']} errored | | {sg['requests']} completed | {h['requests']} "
             f"({h['ok']} ok, {h['failed']} failed) | {sh['requests']} |"
         ),
+        f"| arrivals at the server | | | {sg['arrivals']} | | {sh['arrivals']} |",
         (
             f"| prompt tokens, the server's count, mean | | | {mean(sg['prompt'])} | "
             f"| {mean(sh['prompt'])} |"
@@ -355,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"harness run wrote no results; log: {args.out / 'harness.log'}")
             return 1
         after_h = server_records(srv.url)
+    (args.out / "server_timings.json").write_text(json.dumps(after_h))
 
     g = read_guidellm(report)
     h = read_harness(results, args.seconds)
