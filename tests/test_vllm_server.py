@@ -202,10 +202,6 @@ def _acceptance(url: str, out: Path) -> tuple[subprocess.CompletedProcess[str], 
         [
             sys.executable, "-m", "harness", "acceptance", "--protocol", "openai", "--quick",
             "--target", url, "--out", str(out),
-            # llm_steady's rates are absolute (calibrate = false): this only spares the
-            # session its calibrated-capacity lookup, whose import of harness.checks.engine
-            # races finish's background import of harness.checks (an ImportError, 2 of 3)
-            "--capacity-rps", "8",
         ],
         cwd=REPO, capture_output=True, text=True, timeout=240,
         preexec_fn=lambda: os.sched_setaffinity(0, _other_cores()),
