@@ -174,6 +174,36 @@ def server_tokens_per_s(all_records: list[dict[str, Any]]) -> float | None:
     return tokens / (span_ns / 1e9)
 
 
+def ttft_split(report: Path, records: list[dict[str, Any]]) -> str:
+    """Where GuideLLM's TTFT exceeds the server's, per request matched by response id:
+    the two clocks aligned on the request whose send-to-arrival was shortest, the excess
+    split into send -> server arrival and first write -> GuideLLM's read."""
+    srv = {r["id"]: r for r in records}
+    rows = []
+    for r in json.loads(report.read_text())["benchmarks"][0]["requests"]["successful"]:
+        t, s = r["info"]["timings"], srv.get(r["response_id"])
+        events = [e for e in s["events"] if e[1] > 0] if s else []
+        if events and t["request_start"] and t["first_token_iteration"]:
+            rows.append(
+                (t["request_start"], t["first_token_iteration"], s["arrival_ns"] / 1e9,
+                 events[0][0] / 1e9)
+            )  # fmt: skip
+    if not rows:
+        return "no GuideLLM request matched a server record"
+    a = np.asarray(rows)
+    excess = (a[:, 1] - a[:, 0]) - (a[:, 3] - a[:, 2])
+    ingress = (a[:, 2] - a[:, 0]) - np.min(a[:, 2] - a[:, 0])
+    egress = excess - ingress
+
+    def q(x: np.ndarray) -> str:
+        return f"{1e3 * pct(list(x), 50):.1f} / {1e3 * pct(list(x), 99):.1f}"
+
+    return (
+        f"GuideLLM's TTFT - the server's, p50 / p99 ms: {q(excess)} over {len(a)} requests; "
+        f"of it send -> server arrival {q(ingress)}, first write -> read {q(egress)}"
+    )
+
+
 def guidellm_cmd(args: argparse.Namespace, url: str, report: Path) -> list[str]:
     data = (
         f"kind=synthetic_text,prompt_tokens={sum(PROMPT) // 2},prompt_tokens_min={PROMPT[0]},"
@@ -380,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GuideLLM's measured window {g['window_s']:.1f} s; its completed requests were "
           f"sent at {fmt(g['sent_rate'])} req/s; its lateness (send - intended) p50 / p99 "
           f"{pair(g['lateness_ms'])} ms; harness verdict {h['verdict']}")  # fmt: skip
+    print(ttft_split(report, after_g))
     print("the server's latency figures cover GuideLLM's completed requests and all of the "
           "harness's; its tokens/s every token it wrote for the run")  # fmt: skip
     print()
