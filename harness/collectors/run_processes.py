@@ -156,7 +156,12 @@ def run_cpu(
     supervisor): only the jump of their reaped children's CPU counts, when a process of
     the run they are the parent of is gone, for its last moments beyond what was counted
     of it — at most ``reaped_cap`` ticks (what the gone process could have used since the
-    last call), so another child the reaper reaped at the same time is never the run's."""
+    last call), so another child the reaper reaped at the same time is never the run's.
+
+    A gone process is subtracted only once its parent's counter holds it (a jump of its
+    reaped children's CPU at least what was counted of it): reaped between the reads of
+    the parent and of the child, it is kept in the counters until the next call, where
+    the jump shows, so no call's CPU is negative and none counts it twice."""
     now: RunCounters = {}
     total = on = 0
     reaped_by: dict[int, int] = {}  # pid → Δ of its reaped children's CPU
@@ -190,6 +195,8 @@ def run_cpu(
         total += d
         if pid not in off:
             on += d
+    # per parent, its reaped children's CPU read this call not yet matched to a gone child
+    unmatched = {ppid: jump for ppid, jump in reaped_by.items() if ppid not in outside}
     gone_on: dict[int, int] = {}  # reaper off the server's cores → CPU counted of its gone children
     # reaper outside the run → (CPU counted of its gone children, any of them on the server's cores)
     gone_out: dict[int, tuple[int, bool]] = {}
@@ -204,6 +211,15 @@ def run_cpu(
             was, anyon = gone_out.get(ppid, (0, False))
             gone_out[ppid] = (was + counted, anyon or pid not in off)
             continue
+        if unmatched.get(ppid, 0) < counted:
+            # gone, but its parent's counter has not taken it in yet: the parent was read
+            # before it reaped the child, the child after (between the two reads of this
+            # call). Subtracting what was counted of it now would make this call's CPU
+            # negative and the next one's count it twice; kept as it was, it is matched
+            # with the parent's jump when that is read.
+            now[(pid, start)] = (own, reaped, ppid)
+            continue
+        unmatched[ppid] -= counted
         total -= counted
         if ppid not in off:
             on -= counted  # its reaper's jump was counted on the server's side
