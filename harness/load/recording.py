@@ -272,7 +272,10 @@ class Recording:
         if self.closed:
             return
         w = int(t // self.window_s) if t > 0 else 0
-        cell = self.windows.setdefault(w, {}).setdefault(cls, Cell())
+        cells = self.windows.setdefault(w, {})
+        cell = cells.get(cls)
+        if cell is None:  # not built per call: this runs once per stream
+            cell = cells[cls] = Cell()
         if cell.tokens is None:
             cell.tokens = WindowTokens()
         cell.tokens.record(rec)
