@@ -1,6 +1,7 @@
 """Priority preemption of running sequences (vLLM's priority scheduling): a waiting
 sequence that cannot start preempts, by recompute, running sequences of a lower priority,
-last-ranked first; the preempted ones resume with the same tokens. Stepped by hand on a
+last-ranked first; the preempted ones resume with the same tokens. A full waiting queue
+admits an arrival that ranks above its last unstarted sequence by displacing that one. Stepped by hand on a
 fake clock, then once through the HTTP API on a real event loop."""
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from harness_reference_server.llm.api import LLMState
+from harness_reference_server.llm.engine import QueueFull
 from harness_reference_server.llm.tokens import expected_completion, generate
 from tests.test_llm_server_api import chat, request, scrape, serve
 from tests.test_llm_server_engine import make, run_until_idle, seq, step
@@ -162,3 +166,75 @@ def test_over_http_a_high_priority_stream_starts_within_two_steps_of_a_full_batc
         assert scrape(state)["vllm:num_preemptions_total"] == 1
 
     serve(scenario, time_scale=1.0, max_num_seqs=2)
+
+
+def test_a_full_queue_admits_a_higher_priority_arrival_by_displacing_the_lowest() -> None:
+    engine, clock = make(max_num_seqs=1, max_waiting=2)
+    engine.submit(seq(salt=1, priority=0, max_tokens=50))
+    step(engine, clock)  # it runs; the queue is empty
+    early_low = seq(salt=2, priority=5)
+    late_low = seq(salt=3, priority=5)
+    engine.submit(early_low)
+    engine.submit(late_low)
+    high = seq(salt=4, priority=1)
+    engine.submit(high)  # full: the last-ranked waiting one (the later low) goes
+    assert late_low.finished and late_low.finish_reason == "shed" and late_low.started.is_set()
+    assert early_low.state == "waiting" and high.state == "waiting"
+    assert engine.num_waiting == 2
+    # an arrival of the priority at the queue's tail, or below it, is refused as before
+    with pytest.raises(QueueFull):
+        engine.submit(seq(salt=5, priority=5))
+    with pytest.raises(QueueFull):
+        engine.submit(seq(salt=6, priority=9))
+    # the displacing request runs before the low one left waiting
+    run_until_idle(engine, clock)
+    assert high.first_token_at is not None and early_low.first_token_at is not None
+    assert high.first_token_at < early_low.first_token_at
+
+
+def test_a_preempted_sequence_is_never_displaced() -> None:
+    engine, clock = make(max_num_seqs=1, max_waiting=1)
+    low = seq(salt=1, priority=5, max_tokens=20)
+    engine.submit(low)
+    step(engine, clock)
+    engine.submit(seq(salt=2, priority=0, max_tokens=20))
+    step(engine, clock)  # the high one preempts low: low waits again, its answer begun
+    assert low.state == "waiting" and low.preemptions == 1 and engine.num_waiting == 1
+    with pytest.raises(QueueFull):
+        engine.submit(seq(salt=3, priority=-1))
+    assert low.state == "waiting"
+
+
+def test_fault_priority_inversion_displaces_the_lower_value_from_a_full_queue() -> None:
+    engine, clock = make(max_num_seqs=1, max_waiting=1, priority_inverted=True)
+    engine.submit(seq(salt=1, priority=0, max_tokens=50))
+    step(engine, clock)
+    urgent = seq(salt=2, priority=-5)
+    engine.submit(urgent)
+    engine.submit(seq(salt=3, priority=5))  # the inverted ranking puts 5 above -5
+    assert urgent.finish_reason == "shed"
+    with pytest.raises(QueueFull):
+        engine.submit(seq(salt=4, priority=-10))
+
+
+def test_over_http_a_displaced_request_is_answered_429_with_retry_after() -> None:
+    async def scenario(app: Any, state: LLMState) -> None:
+        long = chat(max_tokens=2000, ignore_eos=True, stream=True, priority=0)
+        running = asyncio.create_task(request(app, "POST", "/v1/chat/completions", long))
+        while not state.engine.running:
+            await asyncio.sleep(0.001)
+        low = chat("low", max_tokens=2, ignore_eos=True, stream=True, priority=5)
+        waiting = asyncio.create_task(request(app, "POST", "/v1/chat/completions", low))
+        while state.engine.num_waiting < 1:
+            await asyncio.sleep(0.001)
+        high = chat("high", max_tokens=2, ignore_eos=True, stream=True, priority=1)
+        admitted = asyncio.create_task(request(app, "POST", "/v1/chat/completions", high))
+        shed = await waiting
+        assert shed.status == 429 and shed.headers["retry-after"] == "1"
+        assert shed.json()["error"]["code"] == 429
+        assert not admitted.done()  # it waits in the queue, its head not yet sent
+        state.engine.abort_all("shutdown")
+        await asyncio.gather(running, admitted)
+        assert scrape(state)["refserver_llm_requests_rejected_total"] == 1
+
+    serve(scenario, max_num_seqs=1, max_waiting=1)

@@ -9,7 +9,9 @@ with the ``finish_reason``, with ``stream_options.include_usage`` a usage chunk 
 ``data: {"error": ...}`` then ``data: [DONE]`` (the status stays 200, as vLLM's). A
 request is validated before anything is sent: a bad one is answered 400 with an
 OpenAI-style error body; a full waiting queue 429 with ``Retry-After``; a draining
-server 503. A client that disconnects has its sequence aborted and its KV blocks freed.
+server 503. The head of an admitted request is sent once its sequence first runs: a
+request still waiting when a higher-priority arrival displaces it from a full queue is
+answered 429 with ``Retry-After`` too. A client that disconnects has its sequence aborted and its KV blocks freed.
 """
 
 from __future__ import annotations
@@ -111,6 +113,20 @@ class _Generation(Response):
         state, seq = self.state, self.seq
         watcher = asyncio.create_task(self._watch_disconnect(receive))
         try:
+            # the head waits for the sequence's admission: until then a higher-priority
+            # arrival may displace it from a full queue, and it is answered as refused
+            await seq.started.wait()
+            if seq.finish_reason == "disconnect":
+                return
+            if seq.finish_reason == "shed":
+                state.metrics.rejected.labels("queue_full").inc()
+                refused = _error(
+                    429,
+                    "waiting queue full: displaced by a higher-priority request; retry later",
+                    headers={"Retry-After": str(state.config.retry_after_s)},
+                )
+                await refused(scope, receive, send)
+                return
             if self.req.stream:
                 writer = StreamWriter(state, self.req, seq, send)
                 await writer.run()

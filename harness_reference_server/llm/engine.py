@@ -6,7 +6,9 @@ sequences (lowest ``priority`` value first, then arrival) while the step's token
 (``max_num_batched_tokens``), ``max_num_seqs`` and the free KV blocks allow. A sequence
 that needs a block when none is free preempts the running sequence that comes last in
 priority order: its blocks are freed and it waits to be recomputed from its prompt and
-the tokens it already produced (vLLM's RECOMPUTE). A waiting sequence that cannot start
+the tokens it already produced (vLLM's RECOMPUTE). A full waiting queue (``max_waiting``)
+refuses an arrival unless it ranks above a waiting sequence that has not started: that
+one is displaced instead (finished ``shed``). A waiting sequence that cannot start
 (no sequence slot, no KV room, no token budget left) preempts, the same way, running
 sequences that rank below it, last first (vLLM's priority scheduling), so it starts in
 the step that finds it waiting. A step lasts the cost model's time
@@ -108,10 +110,18 @@ class Engine:
     # -- requests ------------------------------------------------------------------
 
     def submit(self, seq: Sequence) -> None:
-        """Queue ``seq``; QueueFull when the waiting queue is at ``max_waiting``."""
+        """Queue ``seq``. When the waiting queue is at ``max_waiting``, ``seq`` displaces
+        the lowest-ranked waiting sequence that has never started if ``seq``'s priority
+        ranks above that one's (that one finishes ``shed``: its client is answered as
+        refused); otherwise QueueFull. A sequence back in the queue after a preemption is
+        never displaced (its answer has begun)."""
         cfg = self.config
         if cfg.max_waiting is not None and self.num_waiting >= cfg.max_waiting:
-            raise QueueFull(f"waiting queue full ({self.num_waiting} of {cfg.max_waiting})")
+            victim = self._lowest_unstarted()
+            sign = -1 if cfg.priority_inverted else 1
+            if victim is None or sign * seq.priority >= sign * victim.priority:
+                raise QueueFull(f"waiting queue full ({self.num_waiting} of {cfg.max_waiting})")
+            self.abort(victim, "shed")
         if cfg.interrupt_on_arrival:
             for other in [s for s in self.running if s.interruptible] + [
                 s for _, s in self._waiting if s.interruptible and s.state == "waiting"
@@ -143,6 +153,14 @@ class Engine:
         seq.state = "waiting"
         self.num_waiting += 1
 
+    def _lowest_unstarted(self) -> Sequence | None:
+        """The last-ranked waiting sequence that was never admitted, None if none."""
+        found: tuple[tuple[int, float, int], Sequence] | None = None
+        for key, s in self._waiting:
+            if s.state == "waiting" and s.preemptions == 0 and (found is None or key > found[0]):
+                found = (key, s)
+        return None if found is None else found[1]
+
     def _peek_waiting(self) -> Sequence | None:
         while self._waiting and self._waiting[0][1].state != "waiting":
             heapq.heappop(self._waiting)
@@ -156,6 +174,7 @@ class Engine:
         seq.state = "finished"
         seq.finish_reason = reason
         seq.event.set()
+        seq.started.set()
         if self.observer is not None:
             self.observer.on_finish(seq, now)
 
@@ -211,6 +230,7 @@ class Engine:
             seq.timings.scheduled_ns = time.monotonic_ns()
         self._pop_waiting()
         seq.state = "running"
+        seq.started.set()
         self.running.append(seq)
         return n
 

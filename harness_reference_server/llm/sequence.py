@@ -2,7 +2,8 @@
 
 A sequence moves new → waiting ⇄ running → finished; ``finish_reason`` says why it
 finished (``stop``, ``length``, or the abort's reason: ``disconnect``, ``deadline``,
-``error``, ``interrupted``, ``shutdown``). What it generates is appended to ``output``
+``error``, ``interrupted``, ``shutdown``, ``shed``: displaced from a full waiting queue
+before it started). What it generates is appended to ``output``
 (the oracle's tokens) and, as delivered to its client, to ``outbox``; ``event`` is set
 whenever ``outbox`` grows or the sequence finishes.
 """
@@ -53,6 +54,7 @@ class Sequence:
         self.preemptions = 0
         self.timings: RequestTimings | None = None  # with --record-timings
         self.event = asyncio.Event()
+        self.started = asyncio.Event()  # set when first admitted, or when it finishes
 
     @property
     def num_tokens(self) -> int:
