@@ -11,7 +11,8 @@ request is validated before anything is sent: a bad one is answered 400 with an
 OpenAI-style error body; a full waiting queue 429 with ``Retry-After``; a draining
 server 503. The head of an admitted request is sent once its sequence first runs: a
 request still waiting when a higher-priority arrival displaces it from a full queue is
-answered 429 with ``Retry-After`` too. A client that disconnects has its sequence aborted and its KV blocks freed.
+answered 429 with ``Retry-After`` too. A client that disconnects has its sequence
+aborted and its KV blocks freed.
 """
 
 from __future__ import annotations
