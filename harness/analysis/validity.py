@@ -345,7 +345,8 @@ def _gap_problems(
 
 
 def accounting_imbalance(counters: Mapping[str, object]) -> int:
-    """scheduled − (ok + Σfailed + dropped + in_flight); 0 when every request is accounted."""
+    """scheduled − (ok + Σfailed + dropped + in_flight + aborted); 0 when every request is
+    accounted."""
     failed = counters.get("failed") or {}
     if not isinstance(failed, Mapping):
         raise TypeError(f"counters.failed must be a mapping, got {type(failed).__name__}")
@@ -354,6 +355,7 @@ def accounting_imbalance(counters: Mapping[str, object]) -> int:
         + sum(int(v) for v in failed.values())
         + int(counters.get("dropped", 0) or 0)
         + int(counters.get("in_flight", 0) or 0)
+        + int(counters.get("aborted", 0) or 0)
     )
     return int(counters.get("scheduled", 0) or 0) - total
 

@@ -210,6 +210,7 @@ def balanced(result: Mapping[str, Any], r: Result) -> Check:
     detail = (
         f"scheduled {c.get('scheduled')} = ok {c.get('ok')} + failed {failed} + dropped "
         f"{c.get('dropped', 0)} + in flight {c.get('in_flight', 0)}"
+        + (f" + aborted {c['aborted']}" if c.get("aborted") else "")
     )
     if diff:
         detail = detail.replace(" = ", " != ", 1) + f" (off by {diff:+d})"

@@ -43,6 +43,7 @@ from harness.errors import ConfigError
 from harness.load import llm_workload_text as tx
 from harness.load.llm_workload_jsonl import read_jsonl_lines
 from harness.load.llm_workload_lengths import LengthSpec, parse_length
+from harness.load.stream_aborts import DEFAULT_AFTER
 from harness.load.toml_table import Table
 from harness.protocols.openai import (
     CHAT_PATH,
@@ -78,6 +79,11 @@ class WorkloadConfig:
     ignore_eos: bool = True
     block_size: int = 16
     max_context: int | None = None  # the server's context length: longer requests refused
+    # client aborts (harness.load.stream_aborts): the share of streams that hang up, after
+    # how many token events, in which stages (empty: every stage)
+    abort_share: float = 0.0
+    abort_after: LengthSpec = parse_length(DEFAULT_AFTER)
+    abort_stages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,21 @@ def config_from_table(data: Mapping[str, Any], src: str, where: str = "llm") -> 
         ignore_eos=t.boolean("ignore_eos", d.ignore_eos),
         block_size=t.number("block_size", d.block_size, positive=True, integer=True),
         max_context=t.number("max_context", None, positive=True, integer=True),
+        abort_share=float(t.number("abort_share", d.abort_share, minimum=0)),
+        abort_after=spec("abort_after", d.abort_after),
+        abort_stages=_names(t, "abort_stages"),
     )
+    if cfg.abort_share > 1:
+        t.fail("abort_share", cfg.abort_share, "must be ≤ 1; use a share of the streams, 0-1")
     check(cfg, f"{src}: {where}")
     return cfg
+
+
+def _names(t: Table, key: str) -> tuple[str, ...]:
+    value = t.take(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        t.fail(key, value, 'is not a list of stage names; write e.g. ["storm"]')
+    return tuple(value)
 
 
 def check(cfg: WorkloadConfig, where: str = "llm") -> None:

@@ -2,11 +2,12 @@
 
 Every request ends in exactly one *outcome*: ``ok``, ``http_<status>``, ``timeout``,
 ``connection``, ``bad_response`` (a 2xx whose body is not a V2 answer), ``cross_wired``,
-``drift``, ``id_mismatch``, ``cancelled`` or ``dropped`` (never sent: the in-flight cap was reached).
+``drift``, ``id_mismatch``, ``cancelled``, ``dropped`` (never sent: the in-flight cap was reached)
+or ``aborted`` (a stream the load's client aborts hung up on: neither served nor failed).
 A ``Recording`` counts outcomes and keeps HDR histograms (the one shape and codec of
 ``harness.results.hdr``) per traffic class, per (stage, class) and per (window, class),
 windows keyed by the *intended* send time. Latencies of ``ok`` requests go to the latency histograms; every
-other sent request's time to its answer goes to ``error_latency``.
+other sent request's time to its answer (an aborted one's excepted) goes to ``error_latency``.
 
 The first ``first_n`` requests *scheduled* by a process (in intended send order, not the
 first to complete) are followed apart for the cold-start checks: each is recorded when it
@@ -109,7 +110,7 @@ def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> Counters:
     for key, value in counts.items():
         if key.startswith("http_") or key in FIXED_FAILURES or key in STREAM_FAILURES:
             failed[key] = failed.get(key, 0) + int(value)
-    return Counters(
+    out = Counters(
         scheduled=int(counts.get("scheduled", 0)),
         ok=int(counts.get("ok", 0)),
         dropped=int(counts.get("dropped", 0)),
@@ -117,6 +118,9 @@ def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> Counters:
         failed=dict(sorted(failed.items())),
         failed_total=sum(failed.values()),
     )
+    if counts.get("aborted"):
+        out["aborted"] = int(counts["aborted"])
+    return out
 
 
 class Recording:
@@ -259,7 +263,7 @@ class Recording:
         if outcome == "ok":
             for cell in cells:
                 cell.record_ok(value)
-        else:
+        elif outcome != "aborted":
             self.error_latency.record_value(value)
         if self._first_ended(cls, stage, t):
             self.first_counts[outcome] += 1
@@ -405,7 +409,11 @@ class Recording:
         rows = []
         for cls in sorted(cells):
             cell = cells[cls]
-            errors = {k: v for k, v in cell.counts.items() if k not in ("ok", "scheduled") and v}
+            errors = {
+                k: v
+                for k, v in cell.counts.items()
+                if k not in ("ok", "scheduled", "aborted") and v
+            }
             ok = int(cell.counts.get("ok", 0))
             pct = window_percentiles(cell.hdr or hdr.new_histogram())
             row: WindowRow = {
@@ -420,6 +428,8 @@ class Recording:
                 "p99_ms": pct["p99_ms"],
                 "max_ms": pct["max_ms"],
             }
+            if cell.counts.get("aborted"):
+                row["aborted"] = int(cell.counts["aborted"])
             if cell.tokens is not None:
                 row.update(cell.tokens.row(self.window_s))  # type: ignore[typeddict-item]
             rows.append(row)

@@ -193,6 +193,14 @@ def _build(data: Mapping[str, Any], src: str, mode: Mode, default_name: str | No
     else:
         stages = _parse_stages(raw_stages, load.mode, src)
 
+    unknown = [
+        n for n in (llm or {}).get("abort_stages") or [] if n not in {s.name for s in stages}
+    ]
+    if unknown and stages:
+        raise ConfigError(
+            f"{src}: llm.abort_stages names {unknown[0]!r}, which is not a stage; stages are: "
+            f"{', '.join(s.name for s in stages)}"
+        )
     relative = next(
         (i for i, s in enumerate(stages) if s.rate is not None and s.rate.relative), None
     )

@@ -12,7 +12,8 @@ time like every other request of the run, and
   (the stream ended without its finish reason or ended inside an event);
   ``error_in_stream`` (an error object under a 200); ``no_tokens``; ``bad_response``
   (an event that is not JSON); ``cross_wired`` (the tokens are not this request's: with
-  the reference server's oracle only);
+  the reference server's oracle only); ``aborted`` (the scenario's client aborts,
+  ``harness.load.stream_aborts``, hung up on it mid-stream: neither ok nor failed);
 - records the stream into the recording's token statistics by traffic class and by stage
   (``Recording.tokens``): TTFT, TPOT, inter-token gaps, tokens in and out, and every
   problem code seen — a wrong ``usage``, a missing ``[DONE]`` or usage chunk, data after
@@ -33,6 +34,7 @@ from typing import Any
 
 from harness.load import http
 from harness.load.recording import Recording
+from harness.load.stream_aborts import ClientAborts, client_aborts
 from harness.load.stream_http import StreamLimits, exchange_stream
 from harness.protocols.openai_stream import Expectation, ProblemCode, StreamRecord
 
@@ -59,6 +61,16 @@ def expectations(inputs: Sequence[Mapping[str, Any]]) -> list[Expectation]:
     return [Expectation.from_completion(reference_expectation(i["body"])) for i in inputs]
 
 
+def client_aborts_of(scenario: Any) -> ClientAborts | None:
+    """The client aborts of ``scenario``'s ``[llm]`` table (None: none, or no table)."""
+    if not scenario.llm:
+        return None
+    from harness.load.llm_workload import config_from_table
+
+    cfg = config_from_table(scenario.llm, scenario.source)
+    return client_aborts(cfg.abort_share, cfg.abort_after, cfg.abort_stages)
+
+
 def outcome_of(rec: StreamRecord) -> str:
     """The run's outcome for one stream (see the module docstring)."""
     if rec.status is None:
@@ -71,7 +83,7 @@ def outcome_of(rec: StreamRecord) -> str:
             return outcome
     if ProblemCode.WRONG_TEXT in codes:
         return "cross_wired"
-    return "ok"
+    return "aborted" if rec.aborted else "ok"
 
 
 class StreamExchange:
@@ -84,8 +96,13 @@ class StreamExchange:
         timeout_s: float,
         verify: bool,
         clock: Callable[[], float] = time.perf_counter,
+        aborts: ClientAborts | None = None,
+        seed: int = 1,
+        slot: int = 0,
     ) -> None:
         self.recording = recording
+        # which streams hang up mid-stream, after how many token events (None: none do)
+        self._abort_after = None if aborts is None else aborts.picker(seed, slot)
         self.clock = clock
         self.limits = StreamLimits(deadline_s=timeout_s, stall_s=min(timeout_s, STALL_S))
         self.prompt_tokens = [i.get("prompt_tokens") for i in inputs]
@@ -120,6 +137,7 @@ class StreamExchange:
             clock=self.clock,
             expected=expected,
             prompt_tokens=self.prompt_tokens[index],
+            abort_after=None if self._abort_after is None else self._abort_after(stage),
             **self.recorder_options,
         )
         outcome = outcome_of(rec)

@@ -19,6 +19,9 @@ What it guarantees:
   it is sent (connect included); ``stall_s`` bounds the time without one byte read. The
   one that fires ends the stream as failed with its own problem code
   (``ProblemCode.DEADLINE`` or ``ProblemCode.STALL``).
+- **A client abort is a real hang-up.** With ``abort_after`` = N, once N token-bearing
+  events have been read (and no finish reason yet), the socket is closed — the server
+  sees its client disconnect — and the record is ``aborted`` (not failed).
 - **A connection is reused only after a clean end**: the message complete, the server
   not asking to close, no byte after it. Any failure, timer, error or cancellation
   (GreenletExit) closes it.
@@ -99,15 +102,18 @@ def exchange_stream(
     intended_at: float | None = None,
     method: str = "POST",
     clock: Callable[[], float] = time.perf_counter,
+    abort_after: int | None = None,
     **recorder_options: Any,
 ) -> StreamRecord:
     """Send ``raw`` (head and body) on ``conn`` and record the streamed answer.
 
     ``intended_at`` (``clock``'s time; default: the send) is what every duration of the
     record counts from; ``recorder_options`` go to ``StreamRecorder`` (``expected``,
-    ``count_tokens``, ``usage_requested``, ``prompt_tokens``). Never raises for what the
-    server or the network did: each ends in the record's problems. A cancellation
-    (GreenletExit) closes the connection and propagates."""
+    ``count_tokens``, ``usage_requested``, ``prompt_tokens``). ``abort_after``: close
+    the connection after that many token-bearing events (a client that hangs up; None:
+    read to the end). Never raises for what the server or the network did: each ends in
+    the record's problems. A cancellation (GreenletExit) closes the connection and
+    propagates."""
     sent_at = clock()
     recorder = StreamRecorder(sent_at, intended_at=intended_at, **recorder_options)
     deadline_at = sent_at + limits.deadline_s
@@ -115,6 +121,7 @@ def exchange_stream(
     headed = False
     clean = False
     problem: Problem | str | None = None
+    aborted = False
     at = sent_at
     try:
         sock = conn.ready_socket()
@@ -146,6 +153,14 @@ def exchange_stream(
                 for piece in answer.pieces:
                     recorder.feed(piece, at)
                 answer.pieces.clear()
+            if (
+                abort_after is not None
+                and not answer.ended
+                and recorder.finish_reason is None
+                and len(recorder.token_times) >= abort_after
+            ):
+                aborted = True  # the finally closes the socket: the server sees it now
+                break
         else:
             clean = not answer.extra and not answer.should_close()
             sock.settimeout(None)
@@ -161,7 +176,7 @@ def exchange_stream(
     finally:
         if not clean:
             conn.close()
-    return recorder.finish(at, transport_error=problem)
+    return recorder.finish(at, transport_error=problem, aborted=aborted)
 
 
 def _deadline(limits: StreamLimits) -> Problem:

@@ -10,7 +10,9 @@ per class, in the project's one histogram shape (``harness.results.hdr``, micros
   TPOT, gap or inter-token value;
 - ``e2e_failed``: the end-to-end time of every failed request;
 
-and counts requests, ``ok`` (not failed), ``failed``, ``cancelled`` (the user was
+and counts requests, ``ok`` (not failed), ``failed``, ``aborted`` (the client hung up
+on purpose mid-stream: ``StreamRecord.aborted``; not a request, as defined below),
+``cancelled`` (the user was
 stopped while its stream was out: no record), ``dropped`` (never sent: the in-flight cap
 was reached), prompt and output tokens (``tokens_in``, ``tokens_out``: of every recorded
 request, failed ones included — what the server read and delivered), streams
@@ -18,6 +20,12 @@ request, failed ones included — what the server read and delivered), streams
 (``wrong_text``, ``wrong_finish_reason`` or ``usage_mismatch``), and goodput: the
 requests that conform to the SLO (``harness.analysis.token_metrics.conforms``; with no bound given,
 every request that did not fail) and every problem code seen, one count per request.
+
+An aborted stream was never meant to get a whole answer, so it is not one of the
+``requests`` (``requests`` = ``ok`` + ``failed``: goodput's denominator) and has no
+TPOT, end-to-end time or longest gap (per-answer figures); what it did measure is kept:
+its TTFT and inter-token gaps, its tokens in and out, its problem codes (a wrong prefix
+of text is ``wrong_text``) and whether it was verified.
 
 Workers ``drain()`` a JSON-able delta; the master ``merge()``s them: histograms are
 added, never their percentiles averaged, so the merged percentiles are those of all the
@@ -41,6 +49,7 @@ COUNTERS = (
     "requests",
     "ok",
     "failed",
+    "aborted",
     "cancelled",
     "dropped",
     "tokens_in",
@@ -76,7 +85,8 @@ class StreamCell:
 
     def record(self, rec: StreamRecord, slo: SLO, verified: bool) -> None:
         counts = self.counts
-        counts["requests"] += 1
+        aborted = rec.aborted and not rec.failed
+        counts["aborted" if aborted else "requests"] += 1
         counts["tokens_out"] += rec.output_tokens
         counts["tokens_in"] += rec.prompt_tokens or 0
         codes = rec.codes()
@@ -89,6 +99,9 @@ class StreamCell:
         if rec.failed:
             counts["failed"] += 1
             self.hist("e2e_failed").record_value(_us(rec.end_s))
+            return
+        if aborted:
+            self._record_partial(rec)
             return
         counts["ok"] += 1
         if conforms(rec, slo):
@@ -109,6 +122,16 @@ class StreamCell:
                 if gap > longest:
                     longest = gap
             self.hist("max_gap").record_value(_us(longest))
+
+    def _record_partial(self, rec: StreamRecord) -> None:
+        """An aborted stream's TTFT and inter-token gaps (no per-answer figure)."""
+        if rec.ttft_s is not None:
+            self.hist("ttft").record_value(_us(rec.ttft_s))
+        times = rec.token_times_s
+        if len(times) > 1:
+            itl = self.hist("itl")
+            for a, b in zip(times, times[1:], strict=False):
+                itl.record_value(_us(b - a))
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -198,7 +221,8 @@ class WindowTokens:
     """A time window's token figures for one class, kept beside its request counters
     (``harness.load.recording.Cell``, windows keyed by the intended send time): output
     tokens of every stream sent in the window (failed ones included), and the TTFT and TPOT
-    of the ones that did not fail. Shipped, merged and summarised with the window."""
+    of the ones that did not fail (an aborted one: its TTFT only). Shipped, merged and
+    summarised with the window."""
 
     __slots__ = ("tokens_out", "ttft", "tpot")
 
@@ -215,6 +239,8 @@ class WindowTokens:
             if self.ttft is None:
                 self.ttft = hdr.new_histogram()
             self.ttft.record_value(_us(rec.ttft_s))
+        if rec.aborted:
+            return  # no TPOT for an answer the client cut short
         tpot = tpot_s(rec)
         if tpot is not None:
             if self.tpot is None:

@@ -35,7 +35,7 @@ from harness.load.integrity import Golden, golden_from_wire
 from harness.load.payloads import ClassParams, PayloadPool, make_id
 from harness.load.recording import Recording
 from harness.load.scenario import Scenario, Stage
-from harness.load.stream_exchange import StreamExchange
+from harness.load.stream_exchange import StreamExchange, client_aborts_of
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,14 @@ class Engine:
         if getattr(self.protocol, "streaming", False):
             oracle = bool(plan.golden) and plan.golden.get("oracle") == "harness_reference_server"
             self.streams = StreamExchange(
-                plan.inputs, recording, self.timeout_s, verify=oracle, clock=clock
+                plan.inputs,
+                recording,
+                self.timeout_s,
+                verify=oracle,
+                clock=clock,
+                aborts=client_aborts_of(scenario),
+                seed=load.seed,
+                slot=plan.slot,
             )
         elif plan.golden:
             self.golden = golden_from_wire(plan.golden)

@@ -30,6 +30,10 @@ vLLM, SGLang, GuideLLM, AIPerf and MLPerf):
   non-conforming for goodput. A body that ends inside an event after the finish reason
   (a ``data: [DONE]`` without its blank line) is reported (``truncated_at_close``) but
   the answer was whole.
+- ``aborted``: the **client** closed the connection on purpose after some token events
+  (a load that simulates users hanging up): the stream is neither failed nor whole; its
+  missing finish reason, ``[DONE]`` and ``usage`` are not problems, its text is checked
+  as a prefix of the expected answer.
 """
 
 from __future__ import annotations
@@ -169,6 +173,7 @@ class StreamRecord:
     comments: int  # SSE comment lines (keep-alives)
     text: str  # the content (chat) or text (completions) streamed
     problems: tuple[Problem, ...]
+    aborted: bool = False  # the client hung up on purpose mid-stream (see the docstring)
 
     @property
     def failed(self) -> bool:
@@ -276,17 +281,20 @@ class StreamRecorder:
         if chunk.usage is not None:
             self.usage = chunk.usage
 
-    def finish(self, at: float, transport_error: str | Problem | None = None) -> StreamRecord:
+    def finish(
+        self, at: float, transport_error: str | Problem | None = None, aborted: bool = False
+    ) -> StreamRecord:
         """The body ended at ``at`` (or the connection failed: ``transport_error``, a
         sentence recorded as ``transport_error``, or a ``Problem`` recorded as given — a
-        client's deadline or stall timer)."""
-        truncated = self.parser.close(at) if self.ok_status else None
+        client's deadline or stall timer; or the client closed it on purpose: ``aborted``,
+        what was read so far is judged as the start of an answer)."""
+        truncated = self.parser.close(at) if self.ok_status and not aborted else None
         if truncated is not None:
             malformed = len(self.malformed)
             self.event(truncated)
             del self.malformed[malformed:]  # a cut event's JSON is cut too: truncation says it
         ended_mid_event = self.parser.ended_mid_event
-        problems = self._problems(transport_error, ended_mid_event)
+        problems = self._problems(transport_error, ended_mid_event and not aborted, aborted)
         counted = sum(self.token_counts)
         usage_tokens = self.usage.completion_tokens if self.usage else None
         t0 = self.intended_at
@@ -315,13 +323,14 @@ class StreamRecorder:
             comments=self.parser.comments,
             text="".join(self.text),
             problems=tuple(problems),
+            aborted=aborted,
         )
 
     def _event_source(self) -> str:
         return "events" if self.count_tokens is None else "tokenizer"
 
     def _problems(
-        self, transport_error: str | Problem | None, ended_mid_event: bool
+        self, transport_error: str | Problem | None, ended_mid_event: bool, aborted: bool = False
     ) -> list[Problem]:
         out: list[Problem] = []
 
@@ -342,11 +351,11 @@ class StreamRecorder:
             add(ProblemCode.MALFORMED_EVENT, reason)
         if ended_mid_event:
             add(ProblemCode.TRUNCATED_AT_CLOSE, "the body ended inside an event (no blank line)")
-        if self.finish_reason is None and not self.errors:
+        if self.finish_reason is None and not self.errors and not aborted:
             add(ProblemCode.NO_FINISH_REASON, "the stream ended without a finish_reason")
         if not self.token_times and not self.errors:
             add(ProblemCode.NO_TOKENS, "not one token-bearing event")
-        if not self.done:
+        if not self.done and not aborted:
             add(ProblemCode.NO_DONE, "the stream ended without data: [DONE]")
         if self.after_done:
             add(ProblemCode.DATA_AFTER_DONE, f"{self.after_done} events after data: [DONE]")

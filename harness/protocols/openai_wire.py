@@ -105,6 +105,11 @@ class OpenAIChat(WireProtocol):
                     f"--input has value {opt!r}; with --protocol openai it is KEY=VALUE, "
                     "a key of the [llm] table (e.g. --input output=64)"
                 )
+            if key.strip().startswith("abort_"):
+                raise ConfigError(
+                    f"--input has value {opt!r}: client aborts are a scenario's plan, per "
+                    "stage; set abort_share / abort_after / abort_stages in its [llm] table"
+                )
             table[key.strip()] = _scalar(value.strip())
         cfg = config_from_table(table, "--input / [llm]")
         if cfg.workload not in POOL_WORKLOADS or cfg.api != "chat":

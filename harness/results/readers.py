@@ -124,6 +124,8 @@ def add_counters(items: Iterable[Mapping[str, Any]]) -> Counters:
         total["ok"] += int(c.get("ok") or 0)
         total["dropped"] += int(c.get("dropped") or 0)
         total["in_flight"] += int(c.get("in_flight") or 0)
+        if c.get("aborted"):
+            total["aborted"] = total.get("aborted", 0) + int(c["aborted"])
         for kind, v in (c.get("failed") or {}).items():
             total["failed"][kind] = total["failed"].get(kind, 0) + int(v)
     return total

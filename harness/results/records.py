@@ -22,7 +22,7 @@ Verdict = Literal["pass", "fail", "invalid", "not_judged"]
 
 
 class Counters(TypedDict):
-    """Request accounting: ``scheduled = ok + sum(failed) + dropped + in_flight``."""
+    """Request accounting: ``scheduled = ok + sum(failed) + dropped + in_flight + aborted``."""
 
     scheduled: int
     ok: int
@@ -30,6 +30,9 @@ class Counters(TypedDict):
     in_flight: int
     failed: dict[str, int]  # by kind: http_503, http_500, timeout, connection, …
     failed_total: NotRequired[int]
+    # streams the load's client aborts hung up on mid-stream (harness.load.stream_aborts):
+    # neither served nor failed; present only when there were some
+    aborted: NotRequired[int]
 
 
 class ClassLatency(TypedDict):
@@ -67,6 +70,7 @@ WindowRow = TypedDict(
         "n": int,  # completed requests
         "ok": int,
         "errors": dict[str, int],
+        "aborted": NotRequired[int],  # streams the client hung up on (not in n nor errors)
         "p50_ms": float | None,  # of ok responses in the window, hdr's nearest rank
         "p90_ms": float | None,
         "p99_ms": float | None,
@@ -98,6 +102,7 @@ class FirstRequests(TypedDict):
     dropped: NotRequired[int]
     in_flight: NotRequired[int]
     failed: NotRequired[dict[str, int]]
+    aborted: NotRequired[int]
     failed_total: NotRequired[int]
 
 
