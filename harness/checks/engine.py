@@ -23,7 +23,12 @@ RUN_COMPLETED = "run.completed"
 # The checks whose threshold is the latency SLO that dispatch lag is measured against: a
 # request sent late is timed late from its intended send time. For a token stream that is
 # its TTFT (TPOT is measured within the stream: a late send does not move it).
-SLO_CHECKS: tuple[str, ...] = ("steady.p99_ms", "priority.high_p99_ms", "llm.ttft_p99")
+SLO_CHECKS: tuple[str, ...] = (
+    "steady.p99_ms",
+    "priority.high_p99_ms",
+    "llm.ttft_p99",
+    "llm.priority_ttft_p99",
+)
 
 
 def evaluate(

@@ -159,8 +159,13 @@ class Recording:
         self._summarised_through = 0
         self.by_source: Counter[str] = Counter()  # master: requests scheduled per worker
         # a streaming protocol's token statistics (harness.load.stream_exchange), by traffic
-        # class and by stage; empty for any other protocol
-        self.tokens: dict[str, StreamStats] = {"class": StreamStats(), "stage": StreamStats()}
+        # class, by stage and by (stage, class) (keyed by stream_recording.stage_class_key);
+        # empty for any other protocol
+        self.tokens: dict[str, StreamStats] = {
+            "class": StreamStats(),
+            "stage": StreamStats(),
+            "stage_class": StreamStats(),
+        }
         self.closed = False
 
     # -- recording (worker side) ------------------------------------------------------

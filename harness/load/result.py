@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.load.recording import Recording, counters_view
 from harness.load.scenario import Scenario
+from harness.load.stream_recording import by_stage_class
 from harness.results import hdr
 from harness.results.readers import usl_params
 from harness.results.records import (
@@ -187,6 +188,8 @@ def scenario_result(
         result["server_stats"] = server_stats
     if any(t.cells for t in rec.tokens.values()):  # a streaming protocol's
         result["tokens"] = Tokens(
-            by_class=rec.tokens["class"].summary(), by_stage=rec.tokens["stage"].summary()
+            by_class=rec.tokens["class"].summary(),
+            by_stage=rec.tokens["stage"].summary(),
+            by_stage_class=by_stage_class(rec.tokens["stage_class"]),
         )
     return result

@@ -36,6 +36,7 @@ from harness.load import http
 from harness.load.recording import Recording
 from harness.load.stream_aborts import ClientAborts, client_aborts
 from harness.load.stream_http import StreamLimits, exchange_stream
+from harness.load.stream_recording import stage_class_key
 from harness.protocols.openai_stream import Expectation, ProblemCode, StreamRecord
 
 # the outcome a failed stream counts as, by its first failing problem (in this order)
@@ -67,7 +68,7 @@ def client_aborts_of(scenario: Any) -> ClientAborts | None:
         return None
     from harness.load.llm_workload import config_from_table
 
-    cfg = config_from_table(scenario.llm, scenario.source)
+    cfg = config_from_table(dict(scenario.llm), scenario.source)
     return client_aborts(cfg.abort_share, cfg.abort_after, cfg.abort_stages)
 
 
@@ -114,7 +115,11 @@ class StreamExchange:
     def dropped(self, cls: str, stage: str) -> None:
         """A request the in-flight cap kept from being sent: not a whole answer
         (``llm.goodput`` and the p99 checks count it)."""
-        for key, name in (("class", cls), ("stage", stage)):
+        for key, name in (
+            ("class", cls),
+            ("stage", stage),
+            ("stage_class", stage_class_key(stage, cls)),
+        ):
             self.recording.tokens[key].dropped(name)
 
     def exchange(
@@ -144,6 +149,9 @@ class StreamExchange:
         tokens = self.recording.tokens
         tokens["class"].record(cls, rec, verified=expected is not None)
         tokens["stage"].record(stage, rec, verified=expected is not None)
+        tokens["stage_class"].record(
+            stage_class_key(stage, cls), rec, verified=expected is not None
+        )
         self.recording.stream_ended(cls, t, rec)
         if expected is not None and rec.status == 200 and not rec.failed:
             if outcome == "cross_wired":

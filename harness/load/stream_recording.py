@@ -217,6 +217,25 @@ class StreamStats:
         }
 
 
+# a (stage, class) cell's key in ``Recording.tokens["stage_class"]``: a separator no TOML
+# stage or class name holds
+STAGE_CLASS_SEP = "\x1f"
+
+
+def stage_class_key(stage: str, cls: str) -> str:
+    """The key of ``stage``'s cell of traffic class ``cls``."""
+    return f"{stage}{STAGE_CLASS_SEP}{cls}"
+
+
+def by_stage_class(stats: StreamStats) -> dict[str, dict[str, Any]]:
+    """``stats`` keyed by ``stage_class_key`` as {stage: {class: cell summary}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, cell in sorted(stats.cells.items()):
+        stage, _, cls = key.partition(STAGE_CLASS_SEP)
+        out.setdefault(stage, {})[cls] = cell.summary()
+    return out
+
+
 class WindowTokens:
     """A time window's token figures for one class, kept beside its request counters
     (``harness.load.recording.Cell``, windows keyed by the intended send time): output

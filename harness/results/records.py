@@ -260,10 +260,12 @@ class Tokens(TypedDict):
     (``harness.load.stream_recording.StreamStats.summary``), by traffic class and by stage:
     counts (requests, ok, failed, tokens in and out, streams verified and wrong), goodput,
     every problem code seen, and TTFT / TPOT / inter-token / end-to-end / longest-gap
-    percentiles in ms. Absent for a protocol that does not stream."""
+    percentiles in ms. Absent for a protocol that does not stream. ``by_stage_class``:
+    {stage: {class: the same figures}} (absent from results written before it)."""
 
     by_class: dict[str, Any]
     by_stage: dict[str, Any]
+    by_stage_class: NotRequired[dict[str, dict[str, Any]]]
 
 
 class Load(TypedDict):
