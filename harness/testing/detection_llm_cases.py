@@ -118,4 +118,28 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         "server's oracle predicts for their prompts: tokens of another request, under "
         "correct lengths, finish reasons and usage",
     ),
+    DetectionCase(
+        name="healthy-llm-mixed-priority",
+        defect="none (healthy control)",
+        scenario="llm_mixed_priority",
+        check="llm.priority_ttft_p99",
+        api="openai",
+        expect_pass=True,
+        why="the healthy twin of llm-priority-inversion: llm_mixed_priority --quick (5 s at "
+        "4 req/s, 40 s at 10 req/s, ~1.5x the server's capacity), 20 % of the requests "
+        "priority 1, 80 % priority 2",
+    ),
+    DetectionCase(
+        name="llm-priority-inversion",
+        defect="priority's sign flipped: the higher value is served first, in the waiting "
+        "queue, in priority preemption and in a full queue's displacement",
+        scenario="llm_mixed_priority",
+        check="llm.priority_ttft_p99",
+        api="openai",
+        fault="priority-inversion",
+        why="above capacity the waiting queue holds low-priority requests for seconds; "
+        "with the ranking inverted the high class (priority 1) waits behind all of them "
+        "and its running streams are preempted by arriving low ones, so its TTFT p99 is "
+        "seconds (or a timeout) against ~0.1 s when it is served first",
+    ),
 )
