@@ -28,7 +28,8 @@ class LLMConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_blocks: int = 2048
-    max_waiting: int = 1000
+    # a bounded waiting queue that sheds before its wait passes a TTFT bound: docs/llm-server.md
+    max_waiting: int = 32
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     time_scale: float = 8.0
     beta0_ms: float = 5.75
@@ -142,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-waiting",
         type=int,
         default=d.max_waiting,
-        help="waiting requests before new ones are answered 429",
+        help="waiting requests before new ones are answered 429 (default 32: half a batch)",
     )
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument(

@@ -49,7 +49,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     num_blocks: int = 2048
-    max_waiting: int | None = 1000  # None: never shed (the unbounded-queue fault)
+    max_waiting: int | None = 32  # None: never shed (the unbounded-queue fault)
     beta0_s: float = 5.75e-3  # per step
     beta1_s: float = 17e-6  # per prefill token in the step
     beta2_s: float = 6e-6  # per decoding sequence in the step
