@@ -49,6 +49,7 @@ CHECK_IDS_GOLDEN = (
     "integrity.mismatches",
     "linearity.efficiency",
     "llm.goodput",
+    "llm.overload",
     "llm.priority_ttft_p99",
     "llm.stream_integrity",
     "llm.tpot_p99",

@@ -30,6 +30,7 @@ PACKAGED = (
     "freeze",
     "integrity",
     "linearity",
+    "llm_spike",
     "llm_steady",
     "mixed_priority",
     "network",
@@ -53,6 +54,7 @@ QUICK_BUDGET_S = {
     "crash_restart": 30,
     "rolling_shutdown": 25,
     "llm_steady": 35,
+    "llm_spike": 35,
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
@@ -83,6 +85,7 @@ EXPECTED_CHECKS = {
     "crash_restart": {"crash.recovery_s", "crash.errors_after_ready", "crash.cold_penalty"},
     "rolling_shutdown": {"shutdown.lost", "shutdown.exit_s"},
     "llm_steady": {"llm.ttft_p99", "llm.tpot_p99", "llm.stream_integrity", "llm.goodput"},
+    "llm_spike": {"llm.overload", "llm.stream_integrity", "spike.recovery_s"},
 }
 
 

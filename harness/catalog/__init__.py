@@ -134,7 +134,7 @@ CATALOG = Catalog(
             summary="time after the spike until windowed p99 is back within the baseline band",
             passes_when="windowed p99 *and* error rate back within their baseline bands "
             "≤ {threshold} s after a 2× spike (not judged if the spike disturbed neither)",
-            scenarios=("spike",),
+            scenarios=("spike", "llm_spike"),
         ),
         CheckDecl(
             "spike.fail_fast",
@@ -491,7 +491,7 @@ CATALOG = Catalog(
             "finish reason or [DONE], an error under a 200, another request's tokens",
             passes_when="≤ {threshold} streams with a wrong usage, a missing finish reason "
             "or [DONE], an error under a 200, or (reference server) tokens not its own",
-            scenarios=("llm_steady", "llm_mixed_priority"),
+            scenarios=("llm_steady", "llm_mixed_priority", "llm_spike"),
         ),
         CheckDecl(
             "llm.goodput",
@@ -523,6 +523,23 @@ CATALOG = Catalog(
             "the overload (its TTFT p99 over the bound or ≥ 1 % of it shed; not judged "
             "otherwise unless the high class fails)",
             scenarios=("llm_mixed_priority",),
+        ),
+        CheckDecl(
+            "llm.overload",
+            unit="ratio",
+            op=">=",
+            # ttft_ms: MLPerf's Server TTFT bound for an 8B model, as llm.ttft_p99;
+            # reject_ms: a shed is quick when it comes within a second, as spike.fail_fast's
+            # median bound
+            defaults=_defaults(
+                threshold=0.95, stage="spike", ttft_ms=2000.0, reject_ms=1000.0, min_requests=100
+            ),
+            summary="share of a spike's requests handled well: a whole answer with its first "
+            "token within the TTFT bound, or a 429/503 answered quickly",
+            passes_when="≥ {threshold:%} of the requests sent above capacity get their first "
+            "token ≤ ttft_ms (2000 ms) or a 429/503 ≤ reject_ms (1000 ms); a timeout, a "
+            "reset, a late first token is not (not judged if nothing was refused or late)",
+            scenarios=("llm_spike",),
         ),
         CheckDecl(
             "accounting.balanced",

@@ -9,6 +9,8 @@ per class, in the project's one histogram shape (``harness.results.hdr``, micros
   ``harness.analysis.token_metrics`` (docs/llm-metrics.md); a request of one token has no
   TPOT, gap or inter-token value;
 - ``e2e_failed``: the end-to-end time of every failed request;
+- ``e2e_rejected``: the end-to-end time of every request answered 429 or 503 (a shed:
+  ``llm.overload`` counts the quick ones);
 
 and counts requests, ``ok`` (not failed), ``failed``, ``aborted`` (the client hung up
 on purpose mid-stream: ``StreamRecord.aborted``; not a request, as defined below),
@@ -44,7 +46,12 @@ from harness.analysis.token_metrics import SLO, conforms, tpot_s
 from harness.protocols.openai_stream import ProblemCode, StreamRecord
 from harness.results import hdr
 
-HISTOGRAMS = ("ttft", "tpot", "itl", "e2e", "max_gap", "e2e_failed")
+HISTOGRAMS = ("ttft", "tpot", "itl", "e2e", "max_gap", "e2e_failed", "e2e_rejected")
+# the statuses of a shed request (too many requests; unavailable)
+SHED_STATUSES = frozenset({429, 503})
+# the histograms a summary also keeps whole (encoded), so a check counts the values within
+# any bound it is given: TTFT within the SLO, sheds answered quickly
+KEPT_WHOLE = ("ttft", "e2e_rejected")
 COUNTERS = (
     "requests",
     "ok",
@@ -99,6 +106,8 @@ class StreamCell:
         if rec.failed:
             counts["failed"] += 1
             self.hist("e2e_failed").record_value(_us(rec.end_s))
+            if rec.status in SHED_STATUSES:
+                self.hist("e2e_rejected").record_value(_us(rec.end_s))
             return
         if aborted:
             self._record_partial(rec)
@@ -165,6 +174,7 @@ class StreamCell:
         for name in HISTOGRAMS:
             h = self.hists.get(name) or hdr.new_histogram()
             out[f"{name}_ms"] = {"count": int(h.get_total_count()), **hdr.summary_ms(h)}
+        out["hdr"] = {name: hdr.encode(self.hists.get(name)) for name in KEPT_WHOLE}
         return out
 
 
