@@ -246,6 +246,8 @@ def progress_line(
     if p.get("p99_ms") is not None:
         parts.append(f"p99 {p['p99_ms']:7.1f} ms")
     parts.append(f"errors {p.get('errors', 0)}")
+    if p.get("aborted"):
+        parts.append(f"aborted {p['aborted']}")
     if p.get("dropped"):
         parts.append(f"dropped {p['dropped']}")
     return f"{head} " + "  ".join(parts)

@@ -48,6 +48,7 @@ CHECK_IDS_GOLDEN = (
     "integrity.failures",
     "integrity.mismatches",
     "linearity.efficiency",
+    "llm.abort_recovery",
     "llm.goodput",
     "llm.overload",
     "llm.priority_ttft_p99",

@@ -30,6 +30,7 @@ PACKAGED = (
     "freeze",
     "integrity",
     "linearity",
+    "llm_abort_storm",
     "llm_spike",
     "llm_steady",
     "mixed_priority",
@@ -54,6 +55,7 @@ QUICK_BUDGET_S = {
     "crash_restart": 30,
     "rolling_shutdown": 25,
     "llm_steady": 35,
+    "llm_abort_storm": 38,
     "llm_spike": 35,
 }
 # The check ids each packaged scenario must evaluate.
@@ -85,6 +87,7 @@ EXPECTED_CHECKS = {
     "crash_restart": {"crash.recovery_s", "crash.errors_after_ready", "crash.cold_penalty"},
     "rolling_shutdown": {"shutdown.lost", "shutdown.exit_s"},
     "llm_steady": {"llm.ttft_p99", "llm.tpot_p99", "llm.stream_integrity", "llm.goodput"},
+    "llm_abort_storm": {"llm.abort_recovery", "llm.goodput", "llm.stream_integrity"},
     "llm_spike": {"llm.overload", "llm.stream_integrity", "spike.recovery_s"},
 }
 

@@ -483,6 +483,33 @@ CATALOG = Catalog(
             scenarios=("llm_steady",),
         ),
         CheckDecl(
+            "llm.abort_recovery",
+            unit="ratio",
+            op="<=",
+            # threshold: 0.05 of the KV cache — the healthy reference server's recovery
+            # medians sit within ±0.01 of its baseline's, one leaked 64-token request holds
+            # ~0.002 of its 2048 blocks, so a leak of ≥ 25 of the storm's ~90 hang-ups
+            # fails; rss_threshold: 10 % above the baseline's RSS; discard_s, tail_s: the
+            # baseline's first seconds are the server's warm-up, the recovery's last
+            # seconds are after in-flight aborts have drained (docs/checks.md)
+            defaults=_defaults(
+                threshold=0.05,
+                baseline_stage="baseline",
+                storm_stage="storm",
+                recovery_stage="recovery",
+                discard_s=2.0,
+                tail_s=5.0,
+                min_samples=3,
+                rss_threshold=0.10,
+            ),
+            summary="KV-cache usage (else RSS) at the end of the recovery after a storm of "
+            "client aborts, minus its baseline under the same load",
+            passes_when="the server's KV-cache usage at the end of the recovery is ≤ "
+            "{threshold} of the cache above its baseline (no KV gauge: RSS ≤ 10 % above; "
+            "not judged without either or without aborts)",
+            scenarios=("llm_abort_storm",),
+        ),
+        CheckDecl(
             "llm.stream_integrity",
             unit="streams",
             op="<=",
@@ -491,7 +518,7 @@ CATALOG = Catalog(
             "finish reason or [DONE], an error under a 200, another request's tokens",
             passes_when="≤ {threshold} streams with a wrong usage, a missing finish reason "
             "or [DONE], an error under a 200, or (reference server) tokens not its own",
-            scenarios=("llm_steady", "llm_mixed_priority", "llm_spike"),
+            scenarios=("llm_steady", "llm_abort_storm", "llm_mixed_priority", "llm_spike"),
         ),
         CheckDecl(
             "llm.goodput",
@@ -501,7 +528,7 @@ CATALOG = Catalog(
             summary="share of the requests sent (and dropped) that got a whole answer",
             passes_when="≥ {threshold:%} of the requests get a whole answer (an error, a "
             "timeout, a stall, a truncated stream or one without tokens is not)",
-            scenarios=("llm_steady",),
+            scenarios=("llm_steady", "llm_abort_storm"),
         ),
         CheckDecl(
             "llm.priority_ttft_p99",

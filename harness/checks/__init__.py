@@ -29,6 +29,7 @@ from harness.checks import (  # noqa: F401
     soak,
     soak_requests,
     tokens,
+    tokens_abort,
     tokens_overload,
     tokens_priority,
 )

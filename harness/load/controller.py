@@ -319,9 +319,14 @@ class HarnessState:
             "p99_ms": max((r["p99_ms"] or 0.0 for r in recent), default=None),
             "ok": int(counts.get("ok", 0)),
             "errors": int(
-                sum(v for k, v in counts.items() if k not in ("ok", "scheduled", "dropped"))
+                sum(
+                    v
+                    for k, v in counts.items()
+                    if k not in ("ok", "scheduled", "dropped", "aborted")
+                )
             ),
             "dropped": int(counts.get("dropped", 0)),
+            "aborted": int(counts.get("aborted", 0)),
         }
 
     def _write_progress(self) -> None:
