@@ -171,4 +171,27 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         "~2/3 of the spike's requests in time at 60/s, fewer at 70/s), where the bounded "
         "queue answers them 429 at once",
     ),
+    DetectionCase(
+        name="healthy-llm-abort-storm",
+        defect="none (healthy control)",
+        scenario="llm_abort_storm",
+        check="llm.abort_recovery",
+        api="openai",
+        expect_pass=True,
+        why="the healthy twin of llm-kv-leak-on-abort: llm_abort_storm --quick (8 req/s; "
+        "a 12 s storm where 90 % of the streams hang up after 2-8 tokens), the server "
+        "freeing each aborted sequence's KV blocks",
+    ),
+    DetectionCase(
+        name="llm-kv-leak-on-abort",
+        defect="a disconnected client's KV blocks are never freed",
+        scenario="llm_abort_storm",
+        check="llm.abort_recovery",
+        api="openai",
+        fault="kv-leak-on-abort",
+        why="each of the storm's ~90 hang-ups leaves its prompt's and first tokens' blocks "
+        "(~0.002 of the cache each) allocated: the usage under the same load ends the "
+        "recovery ~0.17 above the baseline's; admission goes on (the cache is far from "
+        "full), so every answer stays whole and on time",
+    ),
 )
