@@ -52,6 +52,7 @@ CHECK_IDS_GOLDEN = (
     "llm.goodput",
     "llm.overload",
     "llm.priority_ttft_p99",
+    "llm.stall",
     "llm.stream_integrity",
     "llm.tpot_p99",
     "llm.ttft_p99",

@@ -31,6 +31,7 @@ PACKAGED = (
     "integrity",
     "linearity",
     "llm_abort_storm",
+    "llm_shared_prefix",
     "llm_spike",
     "llm_steady",
     "mixed_priority",
@@ -57,6 +58,7 @@ QUICK_BUDGET_S = {
     "llm_steady": 35,
     "llm_abort_storm": 38,
     "llm_spike": 35,
+    "llm_shared_prefix": 40,
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
@@ -89,6 +91,13 @@ EXPECTED_CHECKS = {
     "llm_steady": {"llm.ttft_p99", "llm.tpot_p99", "llm.stream_integrity", "llm.goodput"},
     "llm_abort_storm": {"llm.abort_recovery", "llm.goodput", "llm.stream_integrity"},
     "llm_spike": {"llm.overload", "llm.stream_integrity", "spike.recovery_s"},
+    "llm_shared_prefix": {
+        "llm.stall",
+        "llm.ttft_p99",
+        "llm.tpot_p99",
+        "llm.stream_integrity",
+        "llm.goodput",
+    },
 }
 
 
@@ -145,13 +154,18 @@ def test_quick_variant_is_short_and_full_is_longer(name: str) -> None:
         assert [s.name for s in quick.stages] == [s.name for s in full.stages]
 
 
-def test_quick_checklist_fits_twelve_minutes_with_calibration() -> None:
-    """The quick checklist stays ≤ 12 min on 2 cores: its load, plus 8 s per scenario for
-    start-up, drain and judging (within one acceptance the capacity is probed once)."""
+@pytest.mark.parametrize("llm", [False, True], ids=["kserve", "llm"])
+def test_quick_checklist_fits_twelve_minutes_with_calibration(llm: bool) -> None:
+    """Each quick checklist stays ≤ 12 min on 2 cores: its load, plus 8 s per scenario for
+    start-up, drain and judging (within one acceptance the capacity is probed once). The
+    LLM scenarios (``llm_*``) form their own checklist (``--protocol openai``), counted
+    here whole."""
     total = 0.0
     n = 0
     for name in PACKAGED:
         if name in FULL_ONLY:  # not in the quick checklist
+            continue
+        if name.startswith("llm_") != llm:  # the other protocol's checklist
             continue
         n += 1
         s = load_scenario(name, "quick").with_cores(2)

@@ -468,7 +468,7 @@ CATALOG = Catalog(
             "requests counted as over it)",
             passes_when="p99 time to first token ≤ {threshold} ms (MLPerf's Server bound "
             "for an 8B model; > 1 % failed streams is a failure)",
-            scenarios=("llm_steady",),
+            scenarios=("llm_steady", "llm_shared_prefix"),
         ),
         CheckDecl(
             "llm.tpot_p99",
@@ -480,7 +480,21 @@ CATALOG = Catalog(
             "(tokens − 1)",
             passes_when="p99 time per output token ≤ {threshold} ms (MLPerf's Server bound "
             "for an 8B model)",
-            scenarios=("llm_steady",),
+            scenarios=("llm_steady", "llm_shared_prefix"),
+        ),
+        CheckDecl(
+            "llm.stall",
+            unit="ms",
+            op="<=",
+            # 5 x the TPOT bound (MLPerf's 100 ms): Sarathi-Serve's strict P99 time-between-
+            # tokens SLO is 5 x a decode iteration, and at the TPOT bound an iteration takes
+            # 100 ms; half of the 1 s a user's flow of thought tolerates (Nielsen)
+            defaults=_defaults(threshold=500.0, stage="", min_requests=100),
+            summary="p99 over streams of each stream's longest gap between consecutive "
+            "tokens (failed requests counted as over it)",
+            passes_when="p99 of the longest pause in a stream ≤ {threshold} ms (5 x the TPOT "
+            "bound; > 1 % failed streams is a failure)",
+            scenarios=("llm_shared_prefix",),
         ),
         CheckDecl(
             "llm.abort_recovery",
@@ -518,7 +532,13 @@ CATALOG = Catalog(
             "finish reason or [DONE], an error under a 200, another request's tokens",
             passes_when="≤ {threshold} streams with a wrong usage, a missing finish reason "
             "or [DONE], an error under a 200, or (reference server) tokens not its own",
-            scenarios=("llm_steady", "llm_abort_storm", "llm_mixed_priority", "llm_spike"),
+            scenarios=(
+                "llm_steady",
+                "llm_abort_storm",
+                "llm_mixed_priority",
+                "llm_spike",
+                "llm_shared_prefix",
+            ),
         ),
         CheckDecl(
             "llm.goodput",
@@ -528,7 +548,7 @@ CATALOG = Catalog(
             summary="share of the requests sent (and dropped) that got a whole answer",
             passes_when="≥ {threshold:%} of the requests get a whole answer (an error, a "
             "timeout, a stall, a truncated stream or one without tokens is not)",
-            scenarios=("llm_steady", "llm_abort_storm"),
+            scenarios=("llm_steady", "llm_abort_storm", "llm_shared_prefix"),
         ),
         CheckDecl(
             "llm.priority_ttft_p99",

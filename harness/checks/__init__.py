@@ -32,6 +32,7 @@ from harness.checks import (  # noqa: F401
     tokens_abort,
     tokens_overload,
     tokens_priority,
+    tokens_stall,
 )
 from harness.checks.engine import (
     RUN_COMPLETED,
