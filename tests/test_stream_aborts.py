@@ -192,3 +192,13 @@ def test_the_picker_aborts_its_share_in_its_stages_only_reproducibly() -> None:
     assert [other("storm") for _ in range(4000)] != storm
     random.seed(7)  # the module's generator is not the picker's
     assert [plan.picker(seed=1, slot=0)("storm") for _ in range(1)] == storm[:1]
+
+
+def test_the_packaged_abort_storm_aborts_in_its_storm_stage_only() -> None:
+    from harness.load.scenario import load_scenario
+    from harness.load.stream_exchange import client_aborts_of
+
+    for mode in ("quick", "full"):
+        plan = client_aborts_of(load_scenario("llm_abort_storm", mode))
+        assert plan is not None and plan.stages == ("storm",) and plan.share == 0.9
+    assert client_aborts_of(load_scenario("llm_steady")) is None
