@@ -138,6 +138,8 @@ def _counters_table(sc: Mapping[str, Any]) -> str:
         ("dropped", c.get("dropped")),
         ("in flight", c.get("in_flight")),
     ]
+    if c.get("aborted"):  # streams the load's client aborts hung up on
+        cells.append(("aborted by the client", c["aborted"]))
     cells += [(f"failed: {k}", v) for k, v in failed.items() if v]
     head = "".join(f"<th>{esc(k)}</th>" for k, _ in cells)
     body = "".join(f'<td class="num">{esc(fmt_num(v))}</td>' for _, v in cells)
