@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.acceptance import CHECKLIST
+from harness.acceptance.plan import LLM_CHECKLIST
 from harness.testing.detection import share_from_acceptance
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,4 +73,31 @@ def test_quick_acceptance_passes_on_the_reference_server(tmp_path):
     for name in ("report.html", "junit.xml", "summary.md"):
         assert (tmp_path / name).stat().st_size > 0
     # the detection matrix's healthy steady-state case, judged there (tests/test_detection.py)
-    share_from_acceptance(doc, str(tmp_path / "steady_state"), argv)
+    share_from_acceptance(doc, str(tmp_path), argv)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_llm_acceptance_passes_on_the_reference_llm_server(tmp_path):
+    """`harness acceptance --protocol openai --quick` on the bundled reference LLM server:
+    every scenario of the LLM checklist passes, each judged in tokens (every check it is
+    defined by judged and passed, never skipped). Its scenarios are the detection matrix's
+    healthy LLM cases (same scenario, quick length and server), judged there."""
+    argv = [
+        sys.executable, "-m", "harness", "acceptance", "--protocol", "openai", "--quick",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=840)
+    summary = (tmp_path / "summary.md").read_text() if (tmp_path / "summary.md").exists() else ""
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:] + summary
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["verdict"] == "pass" and not doc["partial"]
+    assert [sc["name"] for sc in doc["scenarios"]] == list(LLM_CHECKLIST)
+    for sc in doc["scenarios"]:
+        assert sc["verdict"] == "pass" and not sc["validity"], (sc["name"], sc["validity"])
+        verdicts = {c["id"]: c["passed"] for c in sc["checks"]}
+        assert sc.get("defined_by"), sc["name"]
+        for cid in sc["defined_by"]:
+            assert verdicts.get(cid) is True, (sc["name"], cid, sc["checks"])
+        assert sc["tokens"]["by_class"]["total"]["requests"] > 0, sc["name"]
+    share_from_acceptance(doc, str(tmp_path), argv)

@@ -8,8 +8,8 @@ Llama built from the repository's own text (tests/servers/build_tiny_llama.py: n
 downloaded) on a free loopback port, pinned to core 0 (the generator gets the other
 cores: the harness's own remedy for a generator that sends late), and is stopped by pid.
 
-``harness acceptance --protocol openai --quick --target URL`` runs ``llm_steady``
-(8 streams/s) against it, and every check passes (docs/servers.md explains each): the
+``harness acceptance --protocol openai --quick --scenarios llm_steady --target URL`` runs
+``llm_steady`` (8 streams/s) against it, and every check passes (docs/servers.md explains each): the
 stream integrity checks vLLM's streams for their form only (finish reason, ``[DONE]``,
 ``usage`` at least the token-bearing events, no error under a 200); there is no oracle
 for its text.
@@ -201,6 +201,7 @@ def _acceptance(url: str, out: Path) -> tuple[subprocess.CompletedProcess[str], 
     proc = subprocess.run(
         [
             sys.executable, "-m", "harness", "acceptance", "--protocol", "openai", "--quick",
+            "--scenarios", "llm_steady",
             "--target", url, "--out", str(out),
         ],
         cwd=REPO, capture_output=True, text=True, timeout=240,

@@ -41,8 +41,16 @@ CHECKLIST: tuple[str, ...] = (
 FULL_ONLY: tuple[str, ...] = ("network",)
 
 
-# The checklist of an OpenAI-compatible LLM server (``--protocol openai``), judged in tokens.
-LLM_CHECKLIST: tuple[str, ...] = ("llm_steady",)
+# The checklist of an OpenAI-compatible LLM server (``--protocol openai``), judged in tokens:
+# steady streams, long shared prompts (stalls), priority classes above capacity, a storm of
+# client aborts, and a spike past capacity last (what it leaves behind judges no other).
+LLM_CHECKLIST: tuple[str, ...] = (
+    "llm_steady",
+    "llm_shared_prefix",
+    "llm_mixed_priority",
+    "llm_abort_storm",
+    "llm_spike",
+)
 
 
 def checklist(mode: str, protocol: str | None = None) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from harness.testing.detection_case import DetectionCase
 from harness.testing.detection_cases import BY_NAME, CAPACITY_CASE, CASES, NOT_PLANTABLE
@@ -102,10 +103,12 @@ class CaseRun:
     out_dir: str
 
 
-# Runs another test already made this session, by case name: the quick checklist's
-# steady_state scenario (tests/test_acceptance_e2e.py) is the healthy steady-state case —
-# the same scenario, same mode, same server — so the matrix judges it instead of making it
-# again (one 50 s run fewer in CI). Run alone, test_detection.py makes its own.
+# Runs another test already made this session, by case name: the quick checklists'
+# scenarios (tests/test_acceptance_e2e.py) are the healthy cases of the same scenario,
+# mode, length and server — the V2 checklist's steady_state the healthy steady-state case,
+# the LLM checklist's scenarios the healthy LLM cases — so the matrix judges them instead
+# of making them again (a run fewer per scenario in CI). Run alone, test_detection.py
+# makes its own.
 SHARED_RUNS: dict[str, CaseRun] = {}
 # the quick acceptance run's scenario results by name, for slow tests that need a healthy
 # run of one of them on the reference server (one run fewer in a CI session)
@@ -113,22 +116,37 @@ ACCEPTANCE_SCENARIOS: dict[str, Mapping] = {}
 
 
 def share_from_acceptance(doc: Mapping, out_dir: str, argv: Sequence[str]) -> None:
-    """Offer the steady_state scenario of a quick acceptance run as the healthy case."""
+    """Offer the scenarios of a quick acceptance run (its results in ``out_dir``, one
+    directory per scenario) as the healthy cases they are twins of."""
     for s in doc.get("scenarios") or []:
         if s.get("mode") == "quick" and s.get("verdict") == "pass":
             ACCEPTANCE_SCENARIOS[str(s.get("name"))] = s
-    sc = next((s for s in doc.get("scenarios") or [] if s.get("name") == "steady_state"), None)
-    if sc is None or sc.get("mode") != "quick":
-        return
-    code = {"pass": 0, "fail": 1}.get(str(sc.get("verdict")), 3)
-    SHARED_RUNS[CAPACITY_CASE] = CaseRun(
-        BY_NAME[CAPACITY_CASE],
-        code,
-        {**doc, "verdict": sc.get("verdict"), "scenarios": [sc]},
-        0.0,
-        tuple(argv),
-        out_dir,
-    )
+    for sc in doc.get("scenarios") or []:
+        if sc.get("mode") != "quick":
+            continue
+        code = {"pass": 0, "fail": 1}.get(str(sc.get("verdict")), 3)
+        for case in _twins_of(str(sc.get("name"))):
+            SHARED_RUNS[case.name] = CaseRun(
+                case,
+                code,
+                {**doc, "verdict": sc.get("verdict"), "scenarios": [sc]},
+                0.0,
+                tuple(argv),
+                str(Path(out_dir) / str(sc.get("name"))),
+            )
+
+
+def _twins_of(scenario: str) -> list[DetectionCase]:
+    """The healthy cases a quick acceptance run's ``scenario`` stands in for: the healthy
+    steady-state case, and each healthy LLM case that runs its scenario at its quick
+    length (no ``--duration``) — the same scenario, mode, length and bundled server."""
+    if scenario == "steady_state":
+        return [BY_NAME[CAPACITY_CASE]]
+    return [
+        c
+        for c in CASES
+        if c.expect_pass and c.api == "openai" and c.scenario == scenario and c.duration_s is None
+    ]
 
 
 def run_case(
