@@ -52,6 +52,8 @@ def pytest_runtest_call(item):
 
 def pytest_runtest_setup(item) -> None:
     if not XDIST_WORKER:
+        if item.get_closest_marker("slow") or item.get_closest_marker("serial"):
+            _wait_for_machine_setup(item.session)
         return
     for name in ("slow", "serial"):
         if item.get_closest_marker(name):
@@ -63,19 +65,20 @@ def pytest_runtest_setup(item) -> None:
             )
 
 
-def pytest_sessionstart(session) -> None:
-    """Under .ci/run the machine's extras (apt's pidstat and chromium, kserve's venv) install
-    in the background while the venv is made: wait for them before the first test, so none
-    meets a half-installed package or shares the CPU with an install.
+_SETUP_WAITED = False
 
-    Under pytest-xdist (``-n``) the controller waits here before it starts its workers
-    (xdist starts them in its own ``pytest_sessionstart``, which runs last), and each
-    worker, started after the wait, finds the set-up done and neither waits nor reports."""
+
+def _wait_for_machine_setup(session) -> None:
+    """Under .ci/run the machine's extras (apt's pidstat and chromium, kserve's venv) install
+    in the background while the venv is made: the first slow or serial test waits for them
+    (once a session), so none meets a half-installed package or shares the CPU with an
+    install. The fast tier needs none of them and measures no CPU: it runs beside the
+    install (under -n its workers never wait: a slow test there fails at set-up)."""
+    global _SETUP_WAITED
     done = os.environ.get("HARNESS_CI_SETUP_DONE")
-    if not done:
+    if _SETUP_WAITED or not done:
         return
-    if XDIST_WORKER and os.path.exists(done):
-        return
+    _SETUP_WAITED = True
     start = time.monotonic()
     while not os.path.exists(done) and time.monotonic() - start < SETUP_WAIT_S:
         time.sleep(0.5)
