@@ -80,7 +80,8 @@ def run_mode(mode: str, engine: StreamEngine, seconds: float, streams: int) -> d
             # read the count first: ``tokens += f()`` would load ``tokens`` before the
             # stream (other greenlets add meanwhile) and lose their tokens
             if mode == "bare":
-                got = bare_stream(conn, engine.requests[i % len(engine.requests)].raw)
+                pool = engine.requests[engine.default_class]
+                got = bare_stream(conn, pool[i % len(pool)].raw)
                 i += 1
             else:
                 got = engine.send(time.perf_counter(), conn).output_tokens

@@ -8,6 +8,7 @@ timestamps (``--record-timings``)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +22,13 @@ from gevent.server import StreamServer
 from harness.load import http
 from harness.load.stream_http import StreamLimits, exchange_stream, stream_client
 from harness.load.stream_recording import StreamStats
-from harness.load.stream_user import StreamEngine, StreamSettings, prepare
+from harness.load.stream_user import (
+    StreamClass,
+    StreamEngine,
+    StreamSettings,
+    parse_classes,
+    prepare,
+)
 from harness.protocols.openai import CHAT_PATH, Generation, chat_body, encode_body
 from harness.results import hdr
 from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
@@ -153,6 +160,57 @@ def test_prepared_requests_ask_for_a_stream_with_usage_and_predict_the_reference
     assert reqs[0].expected.text != reqs[1].expected.text  # one seed per prompt
 
 
+def test_traffic_classes_are_parsed_or_refused_naming_the_fix() -> None:
+    assert parse_classes("high:0.2:1, low:0.8:2") == (
+        StreamClass("high", 0.2, 1),
+        StreamClass("low", 0.8, 2),
+    )
+    assert parse_classes("only:1") == (StreamClass("only", 1.0, None),)
+    for bad, says in (
+        ("high:0.2:1,low:0.7:2", "sum to 0.9"),
+        ("high", "NAME:SHARE[:PRIORITY]"),
+        ("high:x", "NAME:SHARE[:PRIORITY]"),
+        ("a:0.5,a:0.5", "twice"),
+        ("a:1.5,b:-0.5", "share 1.5"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse_classes(bad)
+
+
+def test_each_request_draws_its_class_and_is_sent_and_recorded_under_it(fake_llm) -> None:
+    url, _ = fake_llm
+    fired: list[dict] = []
+    classes = parse_classes("high:0.2:1,low:0.8:2")
+    engine = StreamEngine(
+        StreamSettings(url, rate_per_user=0, classes=classes),
+        fire_request=lambda **kw: fired.append(kw),
+    )
+    for cls, priority in (("high", 1), ("low", 2)):
+        body = json.loads(engine.requests[cls][0].raw.partition(b"\r\n\r\n")[2])
+        assert body["priority"] == priority and body["stream"] is True
+    assert "priority" not in json.loads(
+        prepare(StreamSettings(url), "m", False, stream_client(http.Client()))[0].raw.partition(
+            b"\r\n\r\n"
+        )[2]
+    )
+    pick = engine.class_picker(0, 0)
+    drawn = [pick() for _ in range(2000)]
+    assert drawn.count("high") / len(drawn) == pytest.approx(0.2, abs=0.03)
+    again = engine.class_picker(0, 0)
+    assert [again() for _ in range(2000)] == drawn  # seeded per (worker, user)
+    other = engine.class_picker(1, 0)
+    assert [other() for _ in range(2000)] != drawn
+    for cls in drawn[:10]:
+        engine.send(time.perf_counter(), cls=cls)
+    assert [e["name"] for e in fired] == [f"chat [{c}]" for c in drawn[:10]]
+    merged = StreamStats()
+    merged.merge(engine.finish())
+    by_class = merged.summary()["classes"]
+    assert {c: by_class[c]["requests"] for c in by_class} == {
+        c: drawn[:10].count(c) for c in set(drawn[:10])
+    }
+
+
 # -- against the reference server (slow) ---------------------------------------------------
 
 
@@ -175,15 +233,20 @@ def test_a_headless_locust_run_counts_and_verifies_every_stream(reference_llm, t
         "--host", reference_llm.url, "--headless", "-u", "4", "-r", "4", "-t", "4s",
         "--processes", "2", "--llm-rate", "2", "--llm-max-tokens", "32",
         "--llm-summary", str(summary), "--csv", str(stats),
+        "--llm-classes", "high:0.25:1,low:0.75:2",
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(summary.read_text())
     total = doc["total"]
     rows = (tmp_path / "stats_stats.csv").read_text().splitlines()
-    locust_requests = int(next(r for r in rows if r.startswith("POST,chat")).split(",")[2])
+    locust_requests = sum(int(r.split(",")[2]) for r in rows if r.startswith("POST,chat ["))
     assert doc["missing_workers"] == []
     assert total["requests"] == locust_requests > 0
+    # every stream counted under its class, in Locust's stats and in the merged summary
+    for cls in ("high", "low"):
+        row = next(r for r in rows if r.startswith(f"POST,chat [{cls}]"))
+        assert int(row.split(",")[2]) == doc["classes"][cls]["requests"] > 0
     assert total["e2e_ms"]["count"] == total["ttft_ms"]["count"] == total["requests"]
     assert total["tpot_ms"]["count"] == total["max_gap_ms"]["count"] == total["requests"]
     assert total["itl_ms"]["count"] == total["requests"] * 31

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from harness.load.stream_http import StreamLimits
 from harness.load.stream_recording import StreamStats
-from harness.load.stream_user import StreamEngine, StreamingUser, StreamSettings
+from harness.load.stream_user import StreamEngine, StreamingUser, StreamSettings, parse_classes
 
 __all__ = ["LLMUser"]
 
@@ -61,6 +62,12 @@ def add_options(parser: Any) -> None:
         choices=["auto", "on", "off"],
         help="check every stream against the reference server's output (auto: when it is one)",
     )
+    group.add_argument(
+        "--llm-classes",
+        default="",
+        help="traffic classes NAME:SHARE[:PRIORITY],... (e.g. high:0.2:1,low:0.8:2): each "
+        "request draws one by share and sends its priority (vLLM's field; lower first)",
+    )
     group.add_argument("--llm-summary", default=None, help="write the JSON summary to this file")
 
 
@@ -79,6 +86,7 @@ def settings_from(environment: Any) -> StreamSettings:
         rate_per_user=o.llm_rate,
         limits=StreamLimits(deadline_s=o.llm_deadline, stall_s=o.llm_stall),
         verify={"auto": None, "on": True, "off": False}[o.llm_verify],
+        classes=parse_classes(o.llm_classes) if o.llm_classes else (),
     )
 
 
@@ -113,6 +121,12 @@ def _final_delta(environment: Any) -> dict[str, Any]:
 def _on_init(environment: Any, **_: Any) -> None:
     if not hasattr(environment.parsed_options or object(), "llm_api"):
         return
+    if environment.parsed_options.llm_classes:
+        try:  # bad input stops the run before any load, naming the fix
+            parse_classes(environment.parsed_options.llm_classes)
+        except ValueError as exc:
+            log.error("%s", exc)
+            sys.exit(2)
     runner = environment.runner
     _gathered[id(environment)] = _Gathered()
     if isinstance(runner, WorkerRunner):

@@ -2,7 +2,11 @@
 
 ``StreamingUser`` sends chat (or completions) requests with ``stream: true`` and
 ``stream_options.include_usage`` and reads each answer as it arrives
-(``harness.load.stream_http``). Per stream it fires **one** Locust request event —
+(``harness.load.stream_http``). Each request belongs to a traffic class
+(``StreamSettings.classes``; by default one, ``traffic_class``): it draws its class by
+share from a generator seeded per (worker, user), like its arrivals, and carries the
+class's ``priority`` in its body (vLLM's and SGLang's field; left out when None). Per
+stream it fires **one** Locust request event —
 name ``"{api} [{class}]"``, ``response_time`` the end-to-end time in ms, ``response_length``
 the output tokens, an exception carrying the first failing problem when the record
 ``failed`` — and records the stream into the process's ``StreamStats`` (TTFT, TPOT,
@@ -52,6 +56,46 @@ REFERENCE_OWNER = "harness_reference_server"
 
 
 @dataclass(frozen=True)
+class StreamClass:
+    """One traffic class: its share of the requests and the ``priority`` its bodies carry
+    (None: the field is left out)."""
+
+    name: str
+    share: float = 1.0
+    priority: int | None = None
+
+
+def parse_classes(text: str) -> tuple[StreamClass, ...]:
+    """``NAME:SHARE[:PRIORITY],...`` (e.g. ``high:0.2:1,low:0.8:2``) → the classes;
+    ValueError naming the fix for a malformed item, a repeated name, a share outside
+    [0, 1] or shares that do not sum to 1."""
+    out: list[StreamClass] = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        parts = item.split(":")
+        try:
+            if len(parts) not in (2, 3) or not parts[0]:
+                raise ValueError
+            share = float(parts[1])
+            priority = int(parts[2]) if len(parts) == 3 else None
+        except ValueError:
+            raise ValueError(
+                f"--llm-classes has item {item!r}; write NAME:SHARE[:PRIORITY], e.g. "
+                "high:0.2:1,low:0.8:2"
+            ) from None
+        if not 0 <= share <= 1:
+            raise ValueError(f"--llm-classes: class {parts[0]!r} has share {share:g}; use [0, 1]")
+        if any(c.name == parts[0] for c in out):
+            raise ValueError(f"--llm-classes names class {parts[0]!r} twice")
+        out.append(StreamClass(parts[0], share, priority))
+    if not out:
+        raise ValueError("--llm-classes is empty; write NAME:SHARE[:PRIORITY],...")
+    total = sum(c.share for c in out)
+    if abs(total - 1) > 1e-6:
+        raise ValueError(f"--llm-classes: the shares sum to {total:g}; they must sum to 1")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class StreamSettings:
     """What to send and how: the workload, the loop, the limits."""
 
@@ -64,7 +108,8 @@ class StreamSettings:
     limits: StreamLimits = field(default_factory=StreamLimits)
     verify: bool | None = None  # None: when the target is the reference server
     max_in_flight: int = 1000  # per process, open loop
-    traffic_class: str = "default"
+    traffic_class: str = "default"  # the one class when ``classes`` is empty
+    classes: tuple[StreamClass, ...] = ()  # drawn by share per request
     prompts: int = 32  # distinct request bodies, cycled
     seed: int = 1
 
@@ -75,6 +120,13 @@ class StreamSettings:
             raise ValueError("max_tokens, prompt_tokens and prompts must each be at least 1")
         if not self.rate_per_user >= 0:
             raise ValueError(f"rate_per_user has value {self.rate_per_user!r}; expected ≥ 0")
+        if self.classes and abs(sum(c.share for c in self.classes) - 1) > 1e-6:
+            raise ValueError("the classes' shares must sum to 1")
+
+    @property
+    def traffic_classes(self) -> tuple[StreamClass, ...]:
+        """The classes requests are drawn from: ``classes``, else ``traffic_class`` alone."""
+        return self.classes or (StreamClass(self.traffic_class),)
 
 
 @dataclass(frozen=True)
@@ -103,11 +155,16 @@ def discover(base_url: str, client: http.Client) -> tuple[str, bool]:
 
 
 def prepare(
-    settings: StreamSettings, model: str, verify: bool, client: http.Client
+    settings: StreamSettings,
+    model: str,
+    verify: bool,
+    client: http.Client,
+    priority: int | None = None,
 ) -> list[Prepared]:
     """``settings.prompts`` request bodies (prompts of ``prompt_tokens`` words drawn from
     the reference vocabulary, one seed each, ``ignore_eos`` so every answer runs to
-    ``max_tokens``), with the reference server's expected answer when ``verify``."""
+    ``max_tokens``, ``priority`` when not None), with the reference server's expected
+    answer when ``verify`` (the priority does not change it)."""
     host, port, prefix = http.split_url(settings.base_url)
     chat = settings.api == "chat"
     path = prefix + (openai.CHAT_PATH if chat else openai.COMPLETIONS_PATH)
@@ -115,7 +172,9 @@ def prepare(
     out = []
     for i in range(settings.prompts):
         text = text_of(words(rng, settings.prompt_tokens))
-        gen = openai.Generation(max_tokens=settings.max_tokens, seed=i, ignore_eos=True)
+        gen = openai.Generation(
+            max_tokens=settings.max_tokens, seed=i, ignore_eos=True, priority=priority
+        )
         body = (
             openai.chat_body(model, [{"role": "user", "content": text}], gen)
             if chat
@@ -153,13 +212,20 @@ class StreamEngine:
                 "verify is on but the target is not the reference server: its answers "
                 "cannot be predicted (leave verify unset or off)"
             )
-        self.requests = prepare(settings, self.model, self.verify, self.client)
+        classes = settings.traffic_classes
+        self.requests = {
+            c.name: prepare(settings, self.model, self.verify, self.client, c.priority)
+            for c in classes
+        }
+        self.default_class = classes[0].name
+        self._shares = [c.share for c in classes]
+        self._class_names = [c.name for c in classes]
         host, port, _ = http.split_url(settings.base_url)
         self.host, self.port = host, port
         self.conns = http.ConnectionPool(host, port, client=self.client)
         self.pool = gevent.pool.Pool(max(1, settings.max_in_flight))
         self.stats = StreamStats()
-        self.name = f"{settings.api} [{settings.traffic_class}]"
+        self.names = {c.name: f"{settings.api} [{c.name}]" for c in classes}
         self._seq = itertools.count()
         self._users = itertools.count()
         self.stopping = False
@@ -175,13 +241,26 @@ class StreamEngine:
             f"harness-llm-arrivals/{self.settings.seed}/{worker_index}/{user_index}"
         )
 
-    def send(self, intended_at: float, conn: http.Connection | None = None) -> StreamRecord:
-        """One stream, recorded and reported; on a pooled connection when ``conn`` is None."""
-        req = self.requests[next(self._seq) % len(self.requests)]
+    def class_picker(self, worker_index: int, user_index: int) -> Callable[[], str]:
+        """An independent, reproducible draw of each request's class per (worker, user)."""
+        pick = arrivals.class_picker(
+            self._shares,
+            random.Random(f"harness-llm-classes/{self.settings.seed}/{worker_index}/{user_index}"),
+        )
+        names = self._class_names
+        return lambda: names[pick()]
+
+    def send(
+        self, intended_at: float, conn: http.Connection | None = None, cls: str | None = None
+    ) -> StreamRecord:
+        """One stream of class ``cls`` (default: the first class), recorded and reported;
+        on a pooled connection when ``conn`` is None."""
+        cls = cls or self.default_class
+        pool = self.requests[cls]
+        req = pool[next(self._seq) % len(pool)]
         own = conn is None
         if own:
             conn = self.conns.acquire()
-        cls = self.settings.traffic_class
         try:
             rec = exchange_stream(
                 conn,
@@ -204,7 +283,7 @@ class StreamEngine:
             failure = next((p for p in rec.problems if p.code in FAILURES), None)
             self.fire_request(
                 request_type="POST",
-                name=self.name,
+                name=self.names[cls],
                 response_time=rec.end_s * 1000.0,
                 response_length=rec.output_tokens,
                 exception=None if failure is None else StreamFailed(str(failure)),
@@ -212,25 +291,28 @@ class StreamEngine:
             )
         return rec
 
-    def spawn(self, intended_at: float) -> None:
-        """An open-loop send at its intended time: into the pool, or ``dropped``."""
+    def spawn(self, intended_at: float, cls: str | None = None) -> None:
+        """An open-loop send of class ``cls`` at its intended time: into the pool, or
+        ``dropped``."""
+        cls = cls or self.default_class
         if self.pool.full():
-            self.stats.dropped(self.settings.traffic_class)
+            self.stats.dropped(cls)
             if self.fire_request is not None:
                 self.fire_request(
                     request_type="POST",
-                    name=self.name,
+                    name=self.names[cls],
                     response_time=0.0,
                     response_length=0,
                     exception=StreamFailed("dropped: the in-flight cap was reached"),
                     context={},
                 )
             return
-        self.pool.spawn(self.send, intended_at)
+        self.pool.spawn(self.send, intended_at, None, cls)
 
-    def run_open(self, rng: random.Random) -> None:
+    def run_open(self, rng: random.Random, pick: Callable[[], str] | None = None) -> None:
         """Walk one user's Poisson schedule at ``rate_per_user`` (arrivals drawn from
-        ``rng``) until stopped."""
+        ``rng``, each request's class from ``pick``: default, the first class) until
+        stopped."""
         segment = arrivals.Segment(0.0, float("inf"), self.settings.rate_per_user)
         origin = self.clock()
         for t in arrivals.poisson_offsets([segment], rng):
@@ -240,14 +322,15 @@ class StreamEngine:
                 gevent.sleep(delay)
             if self.stopping:
                 return
-            self.spawn(due)
+            self.spawn(due, None if pick is None else pick())
 
-    def run_closed(self) -> None:
-        """Send back to back on one connection of this user's until stopped."""
+    def run_closed(self, pick: Callable[[], str] | None = None) -> None:
+        """Send back to back on one connection of this user's (each request's class from
+        ``pick``) until stopped."""
         conn = http.Connection(self.host, self.port, client=self.client)
         try:
             while not self.stopping:
-                rec = self.send(self.clock(), conn)
+                rec = self.send(self.clock(), conn, None if pick is None else pick())
                 if rec.status is None:
                     gevent.sleep(0.05)  # no answer at all: do not spin on a refused connect
         finally:
@@ -298,10 +381,12 @@ class StreamingUser(User):
     @task
     def stream(self) -> None:
         engine = self.engine()
+        worker = getattr(self.environment.runner, "worker_index", 0) or 0
+        user = engine.user_index()
+        pick = engine.class_picker(worker, user)
         if engine.settings.rate_per_user > 0:
-            worker = getattr(self.environment.runner, "worker_index", 0) or 0
-            engine.run_open(engine.arrival_rng(worker, engine.user_index()))
+            engine.run_open(engine.arrival_rng(worker, user), pick)
         else:
-            engine.run_closed()
+            engine.run_closed(pick)
         while True:  # stopped: idle until Locust stops the user (returning would loop)
             gevent.sleep(1.0)
