@@ -31,6 +31,7 @@ PACKAGED = (
     "integrity",
     "linearity",
     "llm_abort_storm",
+    "llm_mixed_priority",
     "llm_shared_prefix",
     "llm_spike",
     "llm_steady",
@@ -59,6 +60,7 @@ QUICK_BUDGET_S = {
     "llm_abort_storm": 38,
     "llm_spike": 35,
     "llm_shared_prefix": 40,
+    "llm_mixed_priority": 45,
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
@@ -91,6 +93,7 @@ EXPECTED_CHECKS = {
     "llm_steady": {"llm.ttft_p99", "llm.tpot_p99", "llm.stream_integrity", "llm.goodput"},
     "llm_abort_storm": {"llm.abort_recovery", "llm.goodput", "llm.stream_integrity"},
     "llm_spike": {"llm.overload", "llm.stream_integrity", "spike.recovery_s"},
+    "llm_mixed_priority": {"llm.priority_ttft_p99", "llm.stream_integrity"},
     "llm_shared_prefix": {
         "llm.stall",
         "llm.ttft_p99",
