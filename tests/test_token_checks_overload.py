@@ -84,6 +84,8 @@ def test_slow_sheds_timeouts_and_drops_are_not_handled_well() -> None:
     timeouts = _judge(good + [_timed_out(60.0)] * 10)
     assert timeouts.passed is False and "10 other failures" in timeouts.detail
     assert "see the failures by kind" in timeouts.detail
+    errors = _judge(good + [_shed(0.01, 500)] * 10)
+    assert errors.passed is False and "http_error (not 429/503) 10" in errors.detail
     dropped = _judge(good, dropped=10)
     assert dropped.passed is False and dropped.n == 110 and "10 dropped" in dropped.detail
 

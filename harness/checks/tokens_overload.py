@@ -105,11 +105,14 @@ def overload(result: Mapping[str, Any], r: Result) -> Check:
     handled = in_time + shed_fast
     share = handled / total
     ok = r.compare(share)
+    by_problem = (cell.get("goodput") or {}).get("by_problem") or {}
     problems = {
         k: int(v)
-        for k, v in ((cell.get("goodput") or {}).get("by_problem") or {}).items()
+        for k, v in by_problem.items()
         if v and k != "http_error" and k not in INTEGRITY_PROBLEMS
     }
+    if (other_http := int(by_problem.get("http_error") or 0) - shed_n) > 0:
+        problems["http_error (not 429/503)"] = other_http
     not_well = [
         f"{late} admitted but first token later than {fmt(ttft_ms)} ms",
         f"{shed_n - shed_fast} 429/503 slower than {fmt(reject_ms)} ms",
