@@ -3,21 +3,22 @@ by a planted defect of the reference LLM server (``python -m harness_reference_s
 --fault ...``, harness_reference_server/llm/faults.py) in the ``llm_steady`` scenario, and passed by
 the healthy server under the same conditions.
 
-Every case runs ``llm_steady --quick --duration 20``: 17.5 s of steady load at 8 requests/s
-(about 140 streams: a p99 from at least 100 values; each check's ``min_requests``). The
-generalisation rows fail a check another row already fails in CI: bench/detection_repeat.py
-proves them (tests/test_detection.py runs them with HARNESS_DETECTION_ALL=1).
+Every case runs its scenario ``--quick`` at its quick length — the length the K = 3 table
+measured (``llm_steady``: 1.5 s of warm-up and 18.5 s at 8 requests/s, about 148 streams,
+a p99 from at least 100 values, each check's ``min_requests``; the table's runs were
+``--duration 20``: 1.54 s and 18.46 s) — so the quick LLM
+acceptance run of the same session is each healthy case (harness.testing.detection.
+share_from_acceptance). The generalisation rows fail a check another row already fails in
+CI: bench/detection_repeat.py proves them (tests/test_detection.py runs them with
+HARNESS_DETECTION_ALL=1).
 """
 
 from __future__ import annotations
 
 from harness.testing.detection_case import DetectionCase
 
-# 2.5 s of warm-up and 17.5 s of steady load: ~140 streams in the judged stage
-LLM_DURATION_S = 20.0
-# llm_shared_prefix --quick as it is: 2.5 s of warm-up, 37.5 s of steady load (~106 streams
-# at 3.4/s of the seeded schedule: a p99 from at least 100 values)
-SHARED_PREFIX_DURATION_S = 40.0
+# llm_shared_prefix --quick: 2.5 s of warm-up, 37.5 s of steady load (~106 streams at 3.4/s
+# of the seeded schedule: a p99 from at least 100 values)
 
 LLM_CASES: tuple[DetectionCase, ...] = (
     DetectionCase(
@@ -26,7 +27,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         scenario="llm_steady",
         check="llm.ttft_p99",
         api="openai",
-        duration_s=LLM_DURATION_S,
         expect_pass=True,
         why="the healthy twin of every row below: same scenario, rate, duration and server",
     ),
@@ -38,7 +38,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.ttft_p99",
         api="openai",
         fault="static-batching",
-        duration_s=LLM_DURATION_S,
         why="a request arriving mid-batch waits for the batch's longest stream (up to 48 "
         "tokens of ~50 ms steps: ~2.4 s) before its first token, against ~0.1 s when it "
         "joins at the next step",
@@ -51,7 +50,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.tpot_p99",
         api="openai",
         fault="stream-stall:5",
-        duration_s=LLM_DURATION_S,
         allowed={
             "llm.stall": "a stream held 5 s is the longest pause llm.stall measures, in 10 % "
             "of the streams: the same defect seen as one gap (where llm_steady judges it)",
@@ -67,7 +65,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.stream_integrity",
         api="openai",
         fault="usage-lie",
-        duration_s=LLM_DURATION_S,
         why="every stream's usage disagrees with its tokens: billing and client token "
         "accounting are wrong while every latency and every answer looks healthy",
     ),
@@ -78,7 +75,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.goodput",
         api="openai",
         fault="error-in-200:0.05",
-        duration_s=LLM_DURATION_S,
         allowed={
             "llm.stream_integrity": "an error under a 200 is also a malformed stream",
             "llm.ttft_p99": "more than 1 % of the requests failed: the p99 is a failure",
@@ -95,7 +91,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.goodput",
         api="openai",
         fault="truncate-on-arrival",
-        duration_s=LLM_DURATION_S,
         generalisation=True,
         allowed={
             "llm.stream_integrity": "a stream without its finish_reason is also malformed",
@@ -114,7 +109,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.stream_integrity",
         api="openai",
         fault="cross-stream:0.05",
-        duration_s=LLM_DURATION_S,
         generalisation=True,
         allowed={
             "llm.goodput": "a stream carrying another's tokens is not a whole answer",
@@ -214,7 +208,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         scenario="llm_shared_prefix",
         check="llm.stall",
         api="openai",
-        duration_s=SHARED_PREFIX_DURATION_S,
         expect_pass=True,
         why="the healthy twin of llm-no-chunked-prefill: same scenario, rate, duration and "
         "server; its prefill is chunked (2,048 tokens a step, decodes in every step), so "
@@ -229,7 +222,6 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         check="llm.stall",
         api="openai",
         fault="no-chunked-prefill",
-        duration_s=SHARED_PREFIX_DURATION_S,
         why="one request in ten carries a 2,700- or 2,900-token document after its "
         "group's cached 1,024-token head: prefilled whole it is a step of 8 x (5.75 ms + "
         "2,900 x 17 us) = 440 ms with no decode, then the prompts that arrived meanwhile "
