@@ -9,9 +9,11 @@ The scenario's ``[llm]`` plan (the same lengths and groups a run sends) arrives 
 loop Poisson arrivals at each stage's rate (schedule *k* seeded with *k*); the engine
 (``harness_reference_server.llm.engine.Engine``, the server's defaults plus ``--fault``'s
 behaviours) schedules and commits each step at its modelled end, never sleeping. Per
-schedule it prints, over the streams sent in the last stage: how many, the p99 of each
-stream's longest gap between tokens (``llm.stall``), TTFT p99 and TPOT p99 (nearest
-rank, as the harness's checks), and the preemptions in the run.
+schedule it prints, over the streams sent in the last stage: how many were answered, the
+p99 of each stream's longest gap between tokens (``llm.stall``), TTFT p99 and TPOT p99
+(nearest rank, over the answered streams), the preemptions in the run, and how many
+of the stage's requests a full waiting queue refused (a 429; the harness's p99 checks
+count those as over their bound).
 
 What it leaves out: HTTP, the client, the step loop's timer error and another tenant's
 CPU — a real run's figures are these plus a few milliseconds (docs/scenarios.md compares
@@ -28,7 +30,7 @@ import random
 from harness.load.llm_workload import build_plan, config_from_table
 from harness.load.scenario import load_scenario
 from harness_reference_server.llm.config import LLMConfig
-from harness_reference_server.llm.engine import Engine
+from harness_reference_server.llm.engine import Engine, QueueFull
 from harness_reference_server.llm.faults import parse_llm_faults
 from harness_reference_server.llm.sequence import Sequence
 
@@ -92,6 +94,14 @@ def replay(scenario: str, mode: str, faults: list[str], seed: int) -> dict[str, 
             prompt, out = entry[0], entry[1]
             ids = [rng.randrange(1, 1 << 30) for _ in range(prompt)]
         seqs.append((at, Sequence(ids, rng.randbytes(8), out, ignore_eos=True)))
+    refused: set[int] = set()
+
+    def submit(seq: Sequence) -> None:
+        try:
+            engine.submit(seq)
+        except QueueFull:  # answered 429 by the server
+            refused.add(id(seq))
+
     i = 0
     while i < len(seqs) or not engine.idle:
         if engine.idle:
@@ -101,7 +111,7 @@ def replay(scenario: str, mode: str, faults: list[str], seed: int) -> dict[str, 
             while i < len(seqs) and seqs[i][0] <= clock[0]:
                 now = clock[0]
                 clock[0] = seqs[i][0]
-                engine.submit(seqs[i][1])
+                submit(seqs[i][1])
                 clock[0] = now
                 i += 1
             if step is not None:
@@ -110,13 +120,17 @@ def replay(scenario: str, mode: str, faults: list[str], seed: int) -> dict[str, 
             end = clock[0] + step.seconds
             while i < len(seqs) and seqs[i][0] <= end:  # arrivals during the step
                 clock[0] = seqs[i][0]
-                engine.submit(seqs[i][1])
+                submit(seqs[i][1])
                 i += 1
             clock[0] = end
         engine.commit(step, clock[0])
     gaps, ttft, tpot = [], [], []
+    judged_refused = 0
     for at, seq in seqs:
         if at < judged_from:
+            continue
+        if id(seq) in refused:
+            judged_refused += 1
             continue
         ts = obs.times.get(id(seq), [])
         if not ts:
@@ -131,6 +145,7 @@ def replay(scenario: str, mode: str, faults: list[str], seed: int) -> dict[str, 
         "ttft_p99_ms": _p99(ttft) * 1e3,
         "tpot_p99_ms": _p99(tpot) * 1e3,
         "preemptions": obs.preemptions,
+        "refused": judged_refused,
     }
 
 
@@ -142,14 +157,14 @@ def main() -> None:
     ap.add_argument("--mode", choices=("quick", "full"), default="quick")
     a = ap.parse_args()
     print(f"{a.scenario} --{a.mode}, faults: {', '.join(a.fault) or 'none'}")
-    print("schedule  streams  stall p99 ms  TTFT p99 ms  TPOT p99 ms  preemptions")
+    print("schedule  streams  stall p99 ms  TTFT p99 ms  TPOT p99 ms  preemptions  refused")
     rows = []
     for k in range(1, a.schedules + 1):
         r = replay(a.scenario, a.mode, a.fault, k)
         rows.append(r)
         print(
             f"{k:8d}  {r['streams']:7d}  {r['stall_p99_ms']:12.0f}  {r['ttft_p99_ms']:11.0f}"
-            f"  {r['tpot_p99_ms']:11.1f}  {r['preemptions']:11d}"
+            f"  {r['tpot_p99_ms']:11.1f}  {r['preemptions']:11d}  {r['refused']:7d}"
         )
     for key in ("stall_p99_ms", "ttft_p99_ms", "tpot_p99_ms"):
         v = sorted(r[key] for r in rows)
