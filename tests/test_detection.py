@@ -80,6 +80,19 @@ def test_every_fault_switch_has_a_case() -> None:
     assert set(FAULT_NAMES) <= planted, sorted(set(FAULT_NAMES) - planted)
 
 
+def test_every_llm_fault_has_a_case_or_says_where_it_is_proven() -> None:
+    from harness.testing.detection_llm_cases import LLM_CASES, LLM_FAULTS_NOT_IN_THE_MATRIX
+    from harness_reference_server.llm.faults import LLM_FAULT_NAMES
+
+    planted = {(c.fault or "").split(":")[0] for c in LLM_CASES if c.fault}
+    elsewhere = set(LLM_FAULTS_NOT_IN_THE_MATRIX)
+    assert planted <= set(LLM_FAULT_NAMES), sorted(planted - set(LLM_FAULT_NAMES))
+    assert not planted & elsewhere, sorted(planted & elsewhere)
+    assert set(LLM_FAULT_NAMES) == planted | elsewhere, sorted(
+        set(LLM_FAULT_NAMES) - planted - elsewhere
+    )
+
+
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
     case = BY_NAME[CAPACITY_CASE]

@@ -232,3 +232,17 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         "within 100 ms: 96-160 tokens average the pauses out",
     ),
 )
+
+# The reference LLM server's faults no row above plants, each with where it is proven
+# instead or why it is not yet (tests/test_detection.py holds every fault to a row or
+# an entry here).
+LLM_FAULTS_NOT_IN_THE_MATRIX: dict[str, str] = {
+    "role-prelude-early": "a measurement trap, not a defect: it must change no verdict — "
+    "tests/test_llm_traps_end_to_end.py runs llm_steady against it (with coalesce and "
+    "crlf-framing) and every check passes, TTFT equal to the server's first token write",
+    "coalesce": "a measurement trap (tests/test_llm_traps_end_to_end.py)",
+    "crlf-framing": "a measurement trap (tests/test_llm_traps_end_to_end.py)",
+    "kv-overcommit": "not yet a row: by the cost model its preemptions begin at ~100 "
+    "concurrent streams, where the healthy server (32 waiting at most) already sheds with "
+    "429s; it needs an overload scenario judging the admitted streams' stalls",
+}
