@@ -157,7 +157,7 @@ LLM_CASES: tuple[DetectionCase, ...] = (
         api="openai",
         expect_pass=True,
         why="the healthy twin of llm-unbounded-queue: the server's defaults (a waiting "
-        "queue of 32, ~1.1 s at ~30 completions/s) shed the spike with quick 429s while the "
+        "queue of 32, ~0.8 s at ~41 completions/s) shed the spike with quick 429s while the "
         "admitted first tokens come within ~1.1 s (the bound: 2 s)",
     ),
     DetectionCase(
@@ -172,8 +172,8 @@ LLM_CASES: tuple[DetectionCase, ...] = (
             "it: the end-to-end p99 may stay above the baseline band (the same queue seen "
             "from after the spike)",
         },
-        why="a 10 s spike at ~2x the ~30 completions/s of this workload queues every "
-        "request it cannot serve: the wait grows by ~1 s per second of spike, so the first "
+        why="a 10 s spike at ~1.6x the ~41 completions/s of this workload queues every "
+        "request it cannot serve: the wait grows by ~0.5 s per second of spike, so the first "
         "tokens of the spike's later requests come seconds past the 2 s bound, where the "
         "bounded queue answers them 429 at once (measured, 637 spike requests: 0.35 handled "
         "well, TTFT max 4.7 s, 38 dropped at the in-flight cap; the twin 1.000: 205 quick "
