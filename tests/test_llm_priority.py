@@ -21,7 +21,7 @@ from harness.load.scenario import resolve_scenario
 from harness.load.stream_recording import StreamStats, by_stage_class, stage_class_key
 from harness.load.users import Engine, Plan
 from harness.protocols.openai_wire import ID_FIELD
-from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
+from harness.testing.llm_streams import synthetic_record, whole_stream_record
 from harness.testing.results import scenario
 from tests.test_load_users import FakeTime, _options
 
@@ -32,14 +32,7 @@ META = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "s
 def _stream(ttft: float, n: int = 4, gap: float = 0.02, status: int = 200) -> Any:
     if status != 200:
         return synthetic_record([], status=status, usage_requested=True, count_tokens=None)
-    events = [(ttft + i * gap, chunk_event(f" w{i}")) for i in range(n)]
-    end = events[-1][0]
-    events += [
-        (end, chunk_event(finish_reason="length")),
-        (end, chunk_event(usage=(5, n))),
-        (end, DONE_EVENT),
-    ]
-    return synthetic_record(events, usage_requested=True, count_tokens=None)
+    return whole_stream_record([ttft + i * gap for i in range(n)])
 
 
 def _engine(slot: int, slots: int, sent: list[tuple[str, dict[str, Any]]]) -> Engine:

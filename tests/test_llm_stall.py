@@ -9,7 +9,7 @@ import pytest
 
 from harness.checks import REGISTRY, Check, resolve_params
 from harness.load.stream_recording import StreamStats
-from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
+from harness.testing.llm_streams import whole_stream_record
 from harness.testing.results import scenario
 
 
@@ -18,13 +18,7 @@ def _stream(gaps: list[float], *, ttft: float = 0.1, finish: bool = True) -> Any
     times = [ttft]
     for g in gaps:
         times.append(times[-1] + g)
-    events = [(t, chunk_event(f" w{i}")) for i, t in enumerate(times)]
-    end = times[-1]
-    if finish:
-        events.append((end, chunk_event(finish_reason="length")))
-        events.append((end, chunk_event(usage=(5, len(times)))))
-    events.append((end, DONE_EVENT))
-    return synthetic_record(events, usage_requested=True, count_tokens=None)
+    return whole_stream_record(times, finish=finish)
 
 
 def _judge(streams: list[Any], **params: Any) -> Check:

@@ -13,7 +13,7 @@ from harness.checks.tokens_overload import count_at_most
 from harness.load.stream_recording import StreamStats
 from harness.protocols.openai_stream import StreamRecord
 from harness.results import hdr
-from harness.testing.llm_streams import DONE_EVENT, chunk_event, synthetic_record
+from harness.testing.llm_streams import chunk_event, synthetic_record, whole_stream_record
 from harness.testing.results import scenario
 from harness_reference_server.llm.config import LLMConfig
 from harness_reference_server.llm.engine import EngineConfig
@@ -21,14 +21,7 @@ from harness_reference_server.llm.faults import parse_llm_faults
 
 
 def _answer(ttft: float, n: int = 8, gap: float = 0.05) -> StreamRecord:
-    events = [(ttft + i * gap, chunk_event(f" w{i}")) for i in range(n)]
-    end = events[-1][0]
-    events += [
-        (end, chunk_event(finish_reason="length")),
-        (end, chunk_event(usage=(5, n))),
-        (end, DONE_EVENT),
-    ]
-    return synthetic_record(events, usage_requested=True, count_tokens=None)
+    return whole_stream_record([ttft + i * gap for i in range(n)])
 
 
 def _shed(after: float, status: int = 429) -> StreamRecord:

@@ -195,3 +195,17 @@ def synthetic_record(
     for at, data in events:
         recorder.feed(data, at)
     return recorder.finish(end_at if end_at is not None else (events[-1][0] if events else sent_at))
+
+
+def whole_stream_record(token_times: Sequence[float], *, finish: bool = True) -> StreamRecord:
+    """The record of a whole chat stream (not the reference server's: its text is not
+    checked) whose token events (one token each) arrive at ``token_times`` after the send;
+    then, at the last one's time, the finish chunk and the usage chunk (unless ``finish``
+    is false: the stream ends without them) and ``[DONE]``."""
+    events = [(t, chunk_event(f" w{i}")) for i, t in enumerate(token_times)]
+    end = token_times[-1]
+    if finish:
+        events.append((end, chunk_event(finish_reason="length")))
+        events.append((end, chunk_event(usage=(5, len(token_times)))))
+    events.append((end, DONE_EVENT))
+    return synthetic_record(events, usage_requested=True, count_tokens=None)
