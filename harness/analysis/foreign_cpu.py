@@ -188,14 +188,19 @@ def probe_problems(
     span = float(probe_cpu.get("span_s") or 0.0)
     cores = list(probe_cpu.get("server_cores") or [])  # type: ignore[call-overload]
     foreign = probe_cpu.get("foreign_core_s")
+    # a probe lasts a few seconds: a few hundred ticks a core, where the counters' whole
+    # ticks (2 a process of the run) are a share the budget must not be spent on — only
+    # foreign CPU beyond what they can hide is another tenant's
+    resolution = float(probe_cpu.get("resolution_core_s") or 0.0)  # type: ignore[arg-type]
     tenant = saturated = None
     if span > 0 and cores and isinstance(foreign, (int, float)):
         share = float(foreign) / (len(cores) * span)
-        if share > budget:
+        beyond = max(0.0, float(foreign) - resolution) / (len(cores) * span)
+        if beyond > budget:
             tenant = (
                 PROBE + f"work that was not the run's used {share:.2f} core-s per "
-                f"server core-s on the server's cores over its {span:.1f} s (budget "
-                f"{budget:g}): the capacity it measured, and every rate written as a multiple "
+                f"server core-s on the server's cores over its {span:.1f} s ({beyond:.2f} "
+                f"beyond the counters' resolution; budget {budget:g}): the capacity it measured, and every rate written as a multiple "
                 "of it, is not the server's alone — rerun on a quiet machine, or set the "
                 "capacity (--capacity-rps, load.capacity_rps)"
             )

@@ -416,14 +416,16 @@ class ForeignMeter:
     def stop(self) -> dict:
         """``measured`` (false with ``why`` when the server's CPU is not on this host),
         ``span_s``, ``server_cores``, ``foreign_core_s`` (busy on the server's cores not
-        used by the run), ``loadgen_cpu_s`` (the generator's own process, ``roots``)."""
+        used by the run), ``resolution_core_s`` (how much of that the tick counters cannot
+        tell from the run's own: 2 ticks a process of the run, 1 a core), ``loadgen_cpu_s``
+        (the generator's own process, ``roots``)."""
         if self._start is None:
             raise RuntimeError("ForeignMeter.stop() before start()")
         t0, cpu0, procs0, own0 = self._start
         procfs.process_table(max_age_s=0.0)
         pids = self._pids()
         off = off_cores(pids, self._cores) if self._cores else set()
-        _, run, _ = run_cpu(pids, procs0, off, started_after=self._boot)
+        _, run, procs1 = run_cpu(pids, procs0, off, started_after=self._boot)
         cpu1, own1 = procfs.read_cpu_times(), self._own_ticks()
         span = time.monotonic() - t0
         out: dict = {"span_s": round(span, 3), "loadgen_cpu_s": round((own1 - own0) / HZ, 3)}
@@ -435,9 +437,14 @@ class ForeignMeter:
             )
             return {**out, "measured": False, "why": why}
         busy = sum(cpu1[c][0] - cpu0[c][0] for c in self._cores if c in cpu0 and c in cpu1)
+        # what whole-tick counters cannot resolve: each process's utime and stime are read
+        # floored to a tick at both ends (its delta up to 2 ticks short), and so is each
+        # server core's busy time (up to 1 tick either way)
+        resolution = 2 * len(set(procs0) | set(procs1)) + len(self._cores)
         return {
             **out,
             "measured": True,
             "server_cores": self._cores,
             "foreign_core_s": round(max(0, busy - run) / HZ, 3),
+            "resolution_core_s": round(resolution / HZ, 3),
         }
