@@ -677,6 +677,20 @@ def test_a_disturbed_capacity_probe_is_invalid_and_its_capacity_is_not_pinned():
     assert judge_scenario(copy.deepcopy(sc))["verdict"] == "pass"
 
 
+def test_a_probe_is_judged_beyond_what_its_tick_counters_cannot_resolve():
+    """A 4 s probe with 0.25 core-s of foreign CPU (0.0625 per core-s, over the 0.05
+    budget) is another tenant's only beyond the counters' resolution: with 0.1 core-s of
+    it (five processes of the run, two ticks each) 0.0375 is left, within the budget."""
+    from harness.analysis.validity import probe_problems
+
+    bare = _probe(0.25)
+    tenant, _ = probe_problems(bare)
+    assert tenant is not None and "0.06 core-s per server core-s" in tenant
+    assert probe_problems({**bare, "resolution_core_s": 0.1}) == (None, None)
+    tenant, _ = probe_problems({**bare, "foreign_core_s": 0.42, "resolution_core_s": 0.1})
+    assert tenant is not None and "(0.08 beyond the counters' resolution" in tenant
+
+
 # --- a real run ----------------------------------------------------------------------
 
 # A tenant at DUTY of one core (busy DUTY x 0.1 s of every 0.1 s), pinned to CORE, for
