@@ -3,6 +3,7 @@ answers whose first token came within the TTFT bound, or 429/503 answered quickl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -81,6 +82,15 @@ def test_slow_sheds_timeouts_and_drops_are_not_handled_well() -> None:
     assert errors.passed is False and "http_error (not 429/503) 10" in errors.detail
     dropped = _judge(good, dropped=10)
     assert dropped.passed is False and dropped.n == 110 and "10 dropped" in dropped.detail
+
+
+def test_an_early_hang_up_does_not_stand_in_for_a_late_answer() -> None:
+    """Aborted streams' first tokens share the TTFT histogram: 100 late whole answers and
+    100 hang-ups after an early first token are 0 in time, not 100."""
+    hung_up = dataclasses.replace(_answer(0.2, n=3), aborted=True)
+    c = _judge([_answer(3.0)] * 100 + [hung_up] * 100)
+    assert c.passed is False and c.value == 0.0, c.detail
+    assert "100 admitted but first token later than 2,000 ms" in c.detail
 
 
 def test_a_spike_the_server_absorbed_is_not_judged() -> None:
