@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class TaskStat(NamedTuple):
@@ -420,19 +421,33 @@ def list_task_names(pid: int) -> list[str]:
         return []
 
 
-def read_cpu_times() -> dict[int, tuple[int, int]]:
-    """/proc/stat as ``{-1: (busy, total), 0: (busy, total), 1: …}`` in jiffies (-1 = all).
+def read_cpu_times() -> dict[int, tuple[float, float]]:
+    """Each core's busy and elapsed time so far, ``{-1: (busy, total), 0: (busy, total),
+    1: …}`` in clock ticks (-1 = all cores, their sum); only differences between two
+    reads mean anything.
 
-    total excludes guest/guest_nice (already inside user/nice); idle = idle + iowait.
+    busy is the clock less the core's idle (idle + iowait in /proc/stat), not the sum of
+    its user, system and irq fields: the kernel charges those a whole tick to whatever
+    runs when the tick fires, and a core that works in short bursts is over-read by them
+    (docs/collectors.md: a bursty server's core read 2x busier than its tasks' own
+    runtime), while a tickless kernel accounts each idle period to the nanosecond. The
+    clock is CLOCK_BOOTTIME, which counts what idle counts, read right after the file.
     """
     data = _read("/proc/stat") or b""
-    out: dict[int, tuple[int, int]] = {}
+    now = time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK
+    out: dict[int, tuple[float, float]] = {}
+    cores = 0
     for line in data.split(b"\n"):
         if not line.startswith(b"cpu"):
             break
         parts = line.split()
         label = parts[0][3:]
-        v = [int(x) for x in parts[1:9]]
-        total = sum(v)
-        out[int(label) if label else -1] = (total - v[3] - v[4], total)
+        idle = int(parts[4]) + int(parts[5])
+        if label:
+            cores += 1
+            out[int(label)] = (now - idle, now)
+        else:
+            out[-1] = (-float(idle), 0.0)  # completed below, once the cores are counted
+    if -1 in out:
+        out[-1] = (now * cores + out[-1][0], now * cores)
     return out

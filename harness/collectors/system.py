@@ -283,8 +283,9 @@ class SystemSampler:
         def pct(key: int) -> float | None:
             if key not in cpu_now or key not in prev:
                 return None
-            busy = cpu_now[key][0] - prev[key][0]
             total = cpu_now[key][1] - prev[key][1]
+            # idle is floored to a tick at both reads: busy can read a hair outside [0, total]
+            busy = min(max(0.0, cpu_now[key][0] - prev[key][0]), total)
             return round(100.0 * busy / total, 2) if total > 0 else 0.0
 
         lg = round(lg_delta * 100.0 / (HZ * dt), 2) if self.loadgen_pids else None
