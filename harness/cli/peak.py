@@ -27,14 +27,30 @@ from harness.cli.common import (
     to_stderr,
 )
 from harness.errors import ConfigError
+from harness.locust_run import default_sut_cmd
 
 
 def _add_peak_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--slo-p99-ms",
         type=positive_ms,
-        required=True,
-        help="the latency SLO: p99 over all requests (failures count as over it), in ms",
+        default=None,
+        help="the latency SLO: p99 over all requests (failures count as over it), in ms; "
+        "required but with --protocol openai, which is judged in tokens",
+    )
+    p.add_argument(
+        "--slo-ttft-ms",
+        type=positive_ms,
+        default=None,
+        help="--protocol openai: the p99 time to first token a point must hold, in ms "
+        "(default 2000, MLPerf's Server bound for an 8B model; interactive: 500)",
+    )
+    p.add_argument(
+        "--slo-tpot-ms",
+        type=positive_ms,
+        default=None,
+        help="--protocol openai: the p99 time per output token a point must hold, in ms "
+        "(default 100, MLPerf's Server bound for an 8B model; interactive: 30)",
     )
     p.add_argument(
         "--max-error-rate",
@@ -59,7 +75,8 @@ def _add_peak_options(p: argparse.ArgumentParser) -> None:
         "--start-rps",
         type=positive_float,
         default=None,
-        help="first rate to measure (default: half the harness's capacity probe)",
+        help="first rate to measure (default: half the harness's capacity probe; with "
+        "--protocol openai, 1 req/s)",
     )
     p.add_argument(
         "--warmup-s",
@@ -91,13 +108,17 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
 
     if args.protocol is not None:
         protocols.get(args.protocol)  # before anything is written or started
+    slo_p99_ms, slo_tpot_ms = _slos(args)
     return PeakConfig(
-        slo_p99_ms=args.slo_p99_ms,
+        slo_p99_ms=slo_p99_ms,
+        slo_tpot_ms=slo_tpot_ms,
         max_error_rate=args.max_error_rate,
         confidence=args.confidence,
         tolerance=args.tolerance,
         repeats=repeats,
-        start_rps=args.start_rps,
+        # in tokens there is no capacity probe to start from: 1 req/s, and the bracketing
+        # doubles from there
+        start_rps=args.start_rps or (DEFAULT_START_RPS_TOKENS if slo_tpot_ms else None),
         warmup_s=args.warmup_s,
         min_point_s=args.min_point_s,
         max_point_s=args.max_point_s,
@@ -105,6 +126,36 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
         precision=_precision(args),
         searches=getattr(args, "searches", 1),
     ).validate()
+
+
+# MLPerf Inference's Server-scenario bounds for Llama-3.1-8B, as llm.ttft_p99 and
+# llm.tpot_p99 take them (docs/llm-metrics.md)
+DEFAULT_SLO_TTFT_MS = 2000.0
+DEFAULT_SLO_TPOT_MS = 100.0
+DEFAULT_START_RPS_TOKENS = 1.0
+
+
+def _slos(args: argparse.Namespace) -> tuple[float, float | None]:
+    """(the p99 bound a point's curve is drawn against, the TPOT bound or None): in
+    tokens for --protocol openai, else the latency SLO; an SLO of the other kind is a
+    usage error naming the right one."""
+    if args.protocol == "openai":
+        if args.slo_p99_ms is not None:
+            raise ConfigError(
+                "--slo-p99-ms judges a request's whole latency; an OpenAI-compatible "
+                "server is judged in tokens: give --slo-ttft-ms and --slo-tpot-ms"
+            )
+        ttft = args.slo_ttft_ms if args.slo_ttft_ms is not None else DEFAULT_SLO_TTFT_MS
+        tpot = args.slo_tpot_ms if args.slo_tpot_ms is not None else DEFAULT_SLO_TPOT_MS
+        return ttft, tpot
+    if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
+        raise ConfigError(
+            "--slo-ttft-ms and --slo-tpot-ms judge token streams (--protocol openai); "
+            "this server is judged by --slo-p99-ms"
+        )
+    if args.slo_p99_ms is None:
+        raise ConfigError("--slo-p99-ms is required: the p99 latency a point must hold, e.g. 100")
+    return args.slo_p99_ms, None
 
 
 def _precision(args: argparse.Namespace) -> float | None:
@@ -190,7 +241,11 @@ def _peak_target(args: argparse.Namespace) -> dict[str, Any]:
     check_sut_cmd(args.sut_cmd)
     sut_cmd = args.sut_cmd
     if sut_cmd is None and args.target is None:
-        sut_cmd = f"{shlex.quote(sys.executable)} -m harness_reference_server --port {{port}}"
+        sut_cmd = (
+            default_sut_cmd(protocol="openai")  # the bundled LLM server
+            if args.protocol == "openai"
+            else f"{shlex.quote(sys.executable)} -m harness_reference_server --port {{port}}"
+        )
     deployment = {
         **deployment_of(args.header, args.ca_cert, args.insecure, args.metrics_url),
         **agent_of(args.agent, args.agent_token, args.target, args.sut_pid, args.agent_ca_cert),

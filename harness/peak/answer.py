@@ -57,6 +57,7 @@ def _settings(cfg: PeakConfig) -> dict[str, Any]:
     """What a ``peak`` section states about how it was asked (one search or several)."""
     return {
         "slo_p99_ms": cfg.slo_p99_ms,
+        "slo_tpot_ms": cfg.slo_tpot_ms,  # in tokens: slo_p99_ms is then TTFT's
         "max_error_rate": cfg.max_error_rate,
         "confidence": cfg.confidence,
         "samples_per_point": cfg.samples,

@@ -41,6 +41,9 @@ class Point:
     outcome: Outcome
     p50_ms: float | None = None
     p99_ms: float | None = None  # over all requests: a failure ranks above every success
+    # (in tokens: p50_ms and p99_ms are the time to first token's, and this the p99 time
+    # per output token of the streams that got a whole answer)
+    tpot_p99_ms: float | None = None
     error_rate: float | None = None
     goodput_rps: float | None = None  # ok answers within the SLO per second
     achieved_rps: float | None = None

@@ -3,20 +3,29 @@ cost, and whether the server died during it.
 
 The run's own judgement decides the point: ``steady.p99_ms`` at the SLO (p99 over
 *every* request, failures and drops counted as over it, MLPerf's early-stopping rule),
-``steady.error_rate`` at the error limit, and the harness's validity rules (generator
-saturation, dispatch lag, sampler coverage) — an invalid run is a limit of the load
-generator, not of the server. A run that records the server exited, or could not reach
+``steady.error_rate`` at the error limit — in tokens, ``llm.ttft_p99`` and
+``llm.tpot_p99`` at their SLOs and ``llm.goodput`` at 1 - the error limit — and the
+harness's validity rules (generator saturation, dispatch lag, sampler coverage) — an
+invalid run is a limit of the load generator, not of the server. A run that records the server exited, or could not reach
 it, is a miss carrying the cause.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Mapping
 from typing import Any
 
 from harness.peak.config import POINT_STAGE, PeakConfig
 from harness.peak.outcomes import Point
+
+# the checks whose verdicts decide a point: by latency and errors (KServe V2), or in
+# tokens (an OpenAI-compatible server: TTFT, TPOT, whole answers)
+JUDGED_BY = {
+    False: ("steady.p99_ms", "steady.error_rate"),
+    True: ("llm.ttft_p99", "llm.tpot_p99", "llm.goodput"),
+}
 
 
 def classify(sc: Mapping[str, Any], cfg: PeakConfig, run_dir: str | None = None) -> Point:
@@ -61,20 +70,38 @@ def classify(sc: Mapping[str, Any], cfg: PeakConfig, run_dir: str | None = None)
         if not reasons:
             reasons.append("the point run judged nothing (no checks in its results)")
     else:
-        p99c, errc = checks.get("steady.p99_ms") or {}, checks.get("steady.error_rate") or {}
-        if p99c.get("passed") is False or errc.get("passed") is False:
+        judging = [checks.get(cid) or {} for cid in JUDGED_BY[cfg.in_tokens]]
+        if any(x.get("passed") is False for x in judging):
             outcome = "missed"
-            reasons += [str(x.get("detail")) for x in (p99c, errc) if x.get("passed") is False]
-        elif p99c.get("passed") is True and errc.get("passed") is True:
+            reasons += [str(x.get("detail")) for x in judging if x.get("passed") is False]
+        elif all(x.get("passed") is True for x in judging):
             outcome = "met"
         else:
             outcome = "insufficient"
-            reasons += [str(x.get("skipped")) for x in (p99c, errc) if x.get("skipped")]
+            reasons += [str(x.get("skipped")) for x in judging if x.get("skipped")]
+    if cfg.in_tokens:
+        # the curve in tokens: TTFT (p50, and p99 with failures over it, as the check
+        # judged it), TPOT p99, whole answers per second
+        cell = ((sc.get("tokens") or {}).get("by_stage") or {}).get("classes", {}).get(
+            POINT_STAGE
+        ) or {}
+        ttft = cell.get("ttft_ms") or {}
+        failed_n = int(cell.get("failed") or 0) + int(cell.get("dropped") or 0)
+        streams = int(cell.get("ok") or 0) + failed_n
+        p50, tpot_p99 = ttft.get("p50_ms"), (cell.get("tpot_ms") or {}).get("p99_ms")
+        # more than 1 % failed: the p99 is one of the failures (as llm.ttft_p99 judges it)
+        p99 = math.inf if streams and failed_n / streams > 0.01 else ttft.get("p99_ms")
+        within = int(cell.get("conforming") or 0)
+        finished = int(cell.get("requests") or 0) + int(cell.get("dropped") or 0)
+        bad = finished - within
+    else:
+        p50, tpot_p99 = percentile_ms(hist, 50.0), None
     return Point(
         rate_rps=round(rate, 3),
         outcome=outcome,  # type: ignore[arg-type]
-        p50_ms=percentile_ms(hist, 50.0),
+        p50_ms=p50,
         p99_ms=p99,
+        tpot_p99_ms=tpot_p99,
         error_rate=(bad / finished) if finished else None,
         goodput_rps=within / secs,
         achieved_rps=ok / secs,

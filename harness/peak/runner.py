@@ -206,10 +206,17 @@ def _params(cfg: PeakConfig, start: float) -> SearchParams:
 def _point_line(index: int, p: Point, cfg: PeakConfig) -> str:
     p99 = "fail" if p.p99_ms is not None and math.isinf(p.p99_ms) else _ms(p.p99_ms)
     err = f"{p.error_rate:.2%}" if p.error_rate is not None else "n/a"
-    line = (
-        f"  point {index:2d}: {p.rate_rps:8.1f} req/s  {p.outcome.upper():<12} "
-        f"p99 {p99} (SLO {cfg.slo_p99_ms:g} ms)  errors {err}  n={p.n}"
-    )
+    if cfg.in_tokens:
+        line = (
+            f"  point {index:2d}: {p.rate_rps:8.1f} req/s  {p.outcome.upper():<12} "
+            f"TTFT p99 {p99} (SLO {cfg.slo_p99_ms:g} ms)  TPOT p99 {_ms(p.tpot_p99_ms)} "
+            f"(SLO {cfg.slo_tpot_ms:g} ms)  not whole {err}  n={p.n}"
+        )
+    else:
+        line = (
+            f"  point {index:2d}: {p.rate_rps:8.1f} req/s  {p.outcome.upper():<12} "
+            f"p99 {p99} (SLO {cfg.slo_p99_ms:g} ms)  errors {err}  n={p.n}"
+        )
     if p.server_exit:
         line += f"\n      {p.server_exit}"
     elif p.outcome in ("invalid", "insufficient") and p.reasons:
@@ -302,9 +309,14 @@ def run_peak(
         "deployment": deployment or {},
     }
     show(
-        f"peak: SLO p99 <= {cfg.slo_p99_ms:g} ms over all requests, errors <= "
-        f"{cfg.max_error_rate:.1%}; {cfg.samples} requests per point "
-        f"({cfg.confidence:.0%} early stopping)"
+        f"peak: SLO {cfg.slo_text()}, "
+        + (
+            f"whole answers >= {1 - cfg.max_error_rate:.1%}; ~{cfg.samples} requests per "
+            f"point, at most {cfg.max_point_s:g} s measured"
+            if cfg.in_tokens
+            else f"errors <= {cfg.max_error_rate:.1%}; {cfg.samples} requests per point "
+            f"({cfg.confidence:.0%} early stopping)"
+        )
         + (
             ""
             if cfg.searches == 1

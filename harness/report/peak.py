@@ -33,11 +33,16 @@ def _pct(v: Any) -> str:
     return "n/a" if v is None else f"{float(v):.2%}"
 
 
+def _slo(peak: Mapping[str, Any]) -> str:
+    from harness.results.peak_records import slo_text
+
+    return slo_text(float(peak.get("slo_p99_ms") or 0), peak.get("slo_tpot_ms"))
+
+
 def peak_sentence(peak: Mapping[str, Any]) -> str:
     est = peak.get("estimate") or {}
     lo, hi = est.get("low_rps"), est.get("high_rps")
     pk = peak.get("peak_rps", est.get("peak_rps"))
-    slo = peak.get("slo_p99_ms")
     limit = est.get("limit")
     if limit == "server_exit":
         held = f"; it had met the SLO in every repeat up to {lo:.1f} req/s" if lo else ""
@@ -48,9 +53,7 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
             "the report."
         )
     if limit == "none_met":
-        return (
-            f"No measured rate met the SLO (p99 <= {slo:g} ms over all requests): {est.get('note')}"
-        )
+        return f"No measured rate met the SLO ({_slo(peak)}): {est.get('note')}"
     if pk is None:
         return f"No peak: {est.get('note')}"
     if hi is None:
@@ -63,7 +66,7 @@ def peak_sentence(peak: Mapping[str, Any]) -> str:
     source = peak.get("peak_from")
     reps = peak.get("repeats")
     head = (
-        f"Peak {pk:.1f} req/s under p99 <= {slo:g} ms (errors <= "
+        f"Peak {pk:.1f} req/s under {_slo(peak)} (errors <= "
         f"{float(peak.get('max_error_rate') or 0):.1%}"
         + (f"; the {source}" if source == "logistic edge" else "")
         + ")"
@@ -176,7 +179,8 @@ def curve_figure(peak: Mapping[str, Any]) -> Any:
         ax.axvline(peak["knee_rps"], color="#6a4c93", ls=":", lw=1.5, label="knee")
     ax.set_yscale("log")
     ax.set_xlabel("offered rate (req/s)")
-    ax.set_ylabel("latency (ms); dots: p99 (green met, red missed)")
+    what = "time to first token" if peak.get("slo_tpot_ms") is not None else "latency"
+    ax.set_ylabel(f"{what} (ms); dots: p99 (green met, red missed)")
     ax.legend(fontsize=7)
     ax2.plot(rates, rates, ":", color="#999", label="offered")
     ax2.plot(rates, [c.get("achieved_rps") for c in curve], ".-", label="ok answers/s")
@@ -199,6 +203,7 @@ def curve_figure(peak: Mapping[str, Any]) -> Any:
 
 def _curve_rows(peak: Mapping[str, Any]) -> list[list[str]]:
     knee = peak.get("knee_rps")
+    tokens = peak.get("slo_tpot_ms") is not None
     rows = []
     for c in peak.get("curve") or []:
         mark = " ← knee" if knee is not None and abs(c["rate_rps"] - knee) < 0.01 else ""
@@ -208,6 +213,7 @@ def _curve_rows(peak: Mapping[str, Any]) -> list[list[str]]:
                 c["outcome"],
                 _n(c.get("p50_ms")),
                 _p99(c),
+                *([_n(c.get("tpot_p99_ms"))] if tokens else []),
                 _pct(c.get("error_rate")),
                 _n(c.get("achieved_rps")),
                 _n(c.get("goodput_rps")),
@@ -215,6 +221,22 @@ def _curve_rows(peak: Mapping[str, Any]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _curve_head(peak: Mapping[str, Any]) -> list[str]:
+    if peak.get("slo_tpot_ms") is None:
+        return _CURVE_HEAD
+    return [
+        "offered req/s",
+        "outcome",
+        "TTFT p50 ms",
+        "TTFT p99 ms (all requests)",
+        "TPOT p99 ms",
+        "not whole",
+        "ok req/s",
+        "whole answers/s",
+        "n",
+    ]
 
 
 _CURVE_HEAD = [
@@ -243,6 +265,27 @@ def _invalid(peak: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _points_paragraph(peak: Mapping[str, Any]) -> str:
+    if peak.get("slo_tpot_ms") is not None:
+        return (
+            "Each point is one open-loop Poisson run of token streams at the offered rate, "
+            "after a warmup, judged in tokens: the p99 time to first token and the p99 time "
+            "per output token at their SLOs, each over at least 100 streams, and the share "
+            f"of whole answers at {1 - float(peak.get('max_error_rate') or 0):.0%} or more "
+            "(an error, a timeout, a truncated stream or one without a token is not one; "
+            "more than 1 % of them makes the TTFT p99 a failure). *Invalid* points (the "
+            "load generator, not the server, was the limit) are left out of the curve."
+        )
+    return (
+        f"Each point is one open-loop Poisson run at the offered rate, {peak['samples_per_point']} "
+        f"requests or more after a warmup (enough for MLPerf's early-stopping rule at "
+        f"{peak['confidence']:.0%} when 0.5 % of requests are over the SLO). p99 counts every "
+        "request: a failed, timed-out or dropped one is over the SLO. A point *met* the SLO "
+        "when that p99 and the error rate held with enough samples; *invalid* points (the "
+        "load generator, not the server, was the limit) are left out of the curve."
+    )
+
+
 def peak_markdown(doc: Mapping[str, Any]) -> str:
     peak = doc["peak"]
     lines = [
@@ -250,12 +293,7 @@ def peak_markdown(doc: Mapping[str, Any]) -> str:
         "",
         f"**{peak_sentence(peak)}**",
         "",
-        f"Each point is one open-loop Poisson run at the offered rate, {peak['samples_per_point']} "
-        f"requests or more after a warmup (enough for MLPerf's early-stopping rule at "
-        f"{peak['confidence']:.0%} when 0.5 % of requests are over the SLO). p99 counts every "
-        "request: a failed, timed-out or dropped one is over the SLO. A point *met* the SLO "
-        "when that p99 and the error rate held with enough samples; *invalid* points (the "
-        "load generator, not the server, was the limit) are left out of the curve.",
+        _points_paragraph(peak),
         "",
         fit_sentence(peak),
         "",
@@ -279,7 +317,7 @@ def peak_markdown(doc: Mapping[str, Any]) -> str:
     lines += [
         "## Curve (rate → latency, errors, goodput)",
         "",
-        _md_table(_CURVE_HEAD, _curve_rows(peak)),
+        _md_table(_curve_head(peak), _curve_rows(peak)),
     ]
     bad = _invalid(peak)
     if bad:

@@ -25,6 +25,7 @@ class PeakPoint(TypedDict):
     outcome: PointOutcome
     p50_ms: NotRequired[float | None]
     p99_ms: NotRequired[float | None]  # over all requests; null with p99_is_failure
+    tpot_p99_ms: NotRequired[float | None]  # in tokens (p50/p99 are then TTFT's)
     p99_is_failure: NotRequired[bool]  # more than 1 % of the requests failed
     error_rate: NotRequired[float | None]
     goodput_rps: NotRequired[float | None]  # ok answers within the SLO per second
@@ -83,7 +84,8 @@ class PeakSection(TypedDict):
     """``harness peak``: the highest open-loop rate within the SLO, its interval, every
     point and the curve."""
 
-    slo_p99_ms: float
+    slo_p99_ms: float  # in tokens: the p99 time to first token's bound
+    slo_tpot_ms: NotRequired[float | None]  # in tokens: the p99 time per output token's
     max_error_rate: float
     confidence: float
     samples_per_point: int
@@ -311,3 +313,11 @@ def verdict_of(tune: Mapping[str, Any]) -> tuple[str, list[str]]:
     if chk:
         verdicts.append(chk.get("verdict") or "not_judged")
     return combine_verdicts(verdicts) or "pass", open_
+
+
+def slo_text(slo_p99_ms: float, slo_tpot_ms: float | None = None) -> str:
+    """The SLO of a peak search as a sentence fragment (``PeakConfig.slo_text``; the reports read it
+    back from a ``peak`` section's ``slo_p99_ms`` / ``slo_tpot_ms``)."""
+    if slo_tpot_ms is None:
+        return f"p99 <= {slo_p99_ms:g} ms over all requests"
+    return f"TTFT p99 <= {slo_p99_ms:g} ms and TPOT p99 <= {slo_tpot_ms:g} ms"
