@@ -210,6 +210,27 @@ def test_the_report_states_the_fitted_interval_and_the_repeats_band() -> None:
     assert "95 %" not in peak_sentence(peak) and "%  confidence" not in peak_sentence(peak)
 
 
+def test_harness_report_rerenders_a_peak_directory_as_a_peak(tmp_path, capsys) -> None:
+    """`harness report DIR` on what `harness peak` wrote renders the peak's summary and
+    report again (not a run's "no verdict, 0 scenarios" over it) and exits with the
+    peak's own code."""
+    from harness.cli import main
+    from harness.peak.answer import exit_code, write_outputs
+    from harness.report.peak import peak_sentence
+
+    doc = _doc(_drive(_search(0.15), _noisy(25.0, 1)), 0.15)
+    write_outputs(tmp_path, doc)
+    first = (tmp_path / "summary.md").read_text()
+    (tmp_path / "summary.md").unlink()
+    (tmp_path / "report.html").unlink()
+    assert main(["report", str(tmp_path)]) == exit_code(doc["peak"]) == 0
+    again = (tmp_path / "summary.md").read_text()
+    assert again.startswith("# harness peak") and peak_sentence(doc["peak"]) in again
+    assert again == first and "<img" in (tmp_path / "report.html").read_text()
+    assert not (tmp_path / "junit.xml").exists()  # a peak writes none
+    capsys.readouterr()
+
+
 def test_every_point_invalid_reports_no_verdict() -> None:
     from harness.peak.answer import exit_code
     from harness.report.peak import peak_sentence

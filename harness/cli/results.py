@@ -12,7 +12,8 @@ from harness.errors import ExitCode
 def add_report(sub: Subparsers) -> None:
     p = sub.add_parser(
         "report",
-        help="re-render report.html, junit.xml and summary.md from DIR/results.json",
+        help="re-render report.html, junit.xml and summary.md from DIR/results.json (a "
+        "harness peak or tune directory: its summary.md and report.html)",
     )
     p.add_argument("dir", help="a directory holding results.json")
     p.set_defaults(handler=_run_report)
@@ -26,7 +27,16 @@ def _run_report(args: argparse.Namespace) -> int:
     written = render_dir(args.dir)
     for path in written.values():
         print(path)
-    return exit_code_for(load_document(Path(args.dir) / "results.json"))
+    doc = load_document(Path(args.dir) / "results.json")
+    if doc.get("tune"):  # a harness tune directory: its own exit code, as the tune gave it
+        from harness.peak.tune import exit_code as tune_exit
+
+        return int(tune_exit(doc["tune"]))
+    if doc.get("peak"):  # a harness peak directory: likewise
+        from harness.peak.answer import exit_code as peak_exit
+
+        return int(peak_exit(doc["peak"]))
+    return exit_code_for(doc)
 
 
 def add_judge(sub: Subparsers) -> None:

@@ -44,9 +44,24 @@ def render_all(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[
 
 
 def render_dir(directory: str | os.PathLike[str]) -> dict[str, Path]:
-    """Re-render the reports of ``directory`` from its results.json (``harness report DIR``)."""
+    """Re-render the reports of ``directory`` from its results.json (``harness report DIR``):
+    a run's three, or a ``harness peak`` / ``harness tune`` directory's summary.md and
+    report.html as those commands wrote them."""
     d = Path(directory)
-    return render_all(load_document(d / RESULTS_FILE), d)
+    doc = load_document(d / RESULTS_FILE)
+    if doc.get("tune") or doc.get("peak"):
+        from harness.report import peak, tune
+
+        md, html = (
+            (tune.tune_markdown, tune.tune_html)
+            if doc.get("tune")
+            else (peak.peak_markdown, peak.peak_html)
+        )
+        return {
+            "summary": _write(d / SUMMARY_FILE, md(doc)),
+            "html": _write(d / HTML_FILE, html(doc)),
+        }
+    return render_all(doc, d)
 
 
 __all__ = ["HTML_FILE", "JUNIT_FILE", "RESULTS_FILE", "SUMMARY_FILE", "render_all", "render_dir"]
