@@ -429,8 +429,8 @@ def read_cpu_times() -> dict[int, tuple[float, float]]:
     busy is the clock less the core's idle (idle + iowait in /proc/stat), not the sum of
     its user, system and irq fields: the kernel charges those a whole tick to whatever
     runs when the tick fires, and a core that works in short bursts is over-read by them
-    (docs/collectors.md: a bursty server's core read 2x busier than its tasks' own
-    runtime), while a tickless kernel accounts each idle period to the nanosecond. The
+    (docs/checks.md, "How busy a core was": a bursty server's core read 2x busier
+    than its tasks' own runtime), while a tickless kernel accounts each idle period to the nanosecond. The
     clock is CLOCK_BOOTTIME, which counts what idle counts, read right after the file.
     """
     data = _read("/proc/stat") or b""
