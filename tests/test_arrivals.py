@@ -177,5 +177,5 @@ def test_scenario_segments_feed_the_schedule() -> None:
     segs = s.segments(capacity_rps=100.0)
     offs = list(schedule(segs, s.load.arrival, seed=s.load.seed))
     lam = expected_count(segs)
-    assert lam == pytest.approx(50 * 15 + 200 * 7.5 + 50 * 22.5)
+    assert lam == pytest.approx(50 * 10 + 200 * 7.5 + 50 * 17.5)
     assert within_sigmas(len(offs), lam, math.sqrt(lam))

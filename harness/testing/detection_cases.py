@@ -182,11 +182,10 @@ CASES: tuple[DetectionCase, ...] = (
         check="spike.fail_fast",
         pin_capacity=True,
         fault="unbounded-queue",
-        duration_s=45,
         allowed={"spike.recovery_s": _BACKLOG + ": it drains long after the spike"},
         why="at 2x the excess must be rejected quickly with 503; an unbounded queue turns it "
-        "into timeouts and drops at the client's in-flight cap instead (0 % quick). 45 s "
-        "(scaled stages) still holds a 7.5 s spike",
+        "into timeouts and drops at the client's in-flight cap instead (0 % quick): the "
+        "quick spike's 7.5 s at 2x queue more than the 5 s request timeout",
     ),
     DetectionCase(
         name="unbounded-queue-contention",
@@ -212,7 +211,6 @@ CASES: tuple[DetectionCase, ...] = (
         check="spike.recovery_s",
         pin_capacity=True,
         fault="backoff-batching:1",
-        duration_s=45,
         why="a controller that shrinks batches under overload, where smaller batches cost "
         "more per request: the spike overflows the queue, the cap falls to 1 and the "
         "batch-1 capacity (~100 req/s) stays below the 0.5x recovery load, so the queue "
@@ -331,8 +329,8 @@ CASES: tuple[DetectionCase, ...] = (
         "rate fails over the whole soak and per window, and the drift, reading every "
         "request, sees the last third's windows fail (a p99 that is a failure) against a "
         "clean first third (10-20 s after the warm-up quarter): errors from 17 s, as "
-        "20 s after ready gave, left the step's Mann–Whitney p at 0.015. 40 s as the thread "
-        "and fd leak cases: the three trends are judged on its twin",
+        "20 s after ready gave, left the step's Mann–Whitney p at 0.015; its twin is judged on "
+        "the three trends too",
     ),
     DetectionCase(
         name="leak-memory",
@@ -374,7 +372,7 @@ CASES: tuple[DetectionCase, ...] = (
         per_min=8,
         per_min_kind="every",
         pin_capacity=True,
-        duration_s=40,
+        duration_s=30,
         why="one parked thread every N requests, N sized to 8/min (threshold 0.5/min): "
         "a pool that is created per call and never joined",
     ),
@@ -387,7 +385,7 @@ CASES: tuple[DetectionCase, ...] = (
         per_min=10,
         per_min_kind="every",
         pin_capacity=True,
-        duration_s=40,
+        duration_s=30,
         why="one unclosed file every N requests, N sized to 10/min (threshold 0.5/min; "
         "a server that exhausts a 1024-fd limit in under 2 h). Sockets are judged apart "
         "from the other fds: the keep-alive connection count wanders by ±15, which hid "
