@@ -49,7 +49,7 @@ QUICK_BUDGET_S = {
     "spike": 40,
     "mixed_priority": 50,
     "soak": 65,  # the leak cases are proven at 60 s
-    "contention": 65,
+    "contention": 55,
     "linearity": 95,
     "integrity": 25,
     "network": 55,  # --full only (harness.acceptance.FULL_ONLY)
@@ -60,7 +60,7 @@ QUICK_BUDGET_S = {
     "llm_abort_storm": 38,
     "llm_spike": 35,
     "llm_shared_prefix": 40,
-    "llm_mixed_priority": 35,
+    "llm_mixed_priority": 45,
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
