@@ -322,14 +322,20 @@ def _totals(table: Sequence[str]) -> str:
 
 def merge(existing: str, fresh: str) -> str:
     """``existing`` (a file of tables this script wrote) with the rows of ``fresh`` in
-    place of the rows of the same cases, each table's totals counted again, a line under
-    the first provenance saying which rows were measured when and on what; cases not in
-    any table yet get a section of their own at the end."""
+    place of the rows of the same cases, the totals of each table that changed counted
+    again, a line under the first provenance saying which rows were measured when and on
+    what; cases not in any table yet get a section of their own at the end.
+
+    A case's row is replaced where it first appears: that is its current row (the main
+    table, or the section that added the case). Later tables with the same case are the
+    dated record of earlier measurements (a shorter run tried, a change measured) and are
+    left as they were written."""
     fresh_lines = fresh.splitlines()
     rows = {n: ln for ln in fresh_lines if (n := _row_name(ln))}
     provenance = next(ln for ln in fresh_lines if ln[:4].isdigit() and " · commit " in ln)
     out: list[str] = []
     table: list[str] = []  # the rows of the table last seen
+    changed = False  # a row of that table was replaced
     seen: set[str] = set()
     noted = False
     said = f"Rows {', '.join(rows)} measured again: "
@@ -347,12 +353,13 @@ def merge(existing: str, fresh: str) -> str:
             if not noted:
                 out += [said + provenance, ""]
                 noted = True
-            table = []
+            table, changed = [], False
         if name is not None:
-            ln = rows.get(name, ln)
+            if name in rows and name not in seen:
+                ln, changed = rows[name], True
             seen.add(name)
             table.append(ln)
-        elif ln.startswith("**Totals:**"):  # the counts again, any words after them kept
+        elif ln.startswith("**Totals:**") and changed:  # the counts again, words kept
             ln = re.sub(r"^\*\*Totals:\*\*[^.]*\.", _totals(table).replace("\\", r"\\"), ln)
         out.append(ln)
     new = [rows[n] for n in rows if n not in seen]

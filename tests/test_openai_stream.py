@@ -229,6 +229,34 @@ def test_a_stream_cut_mid_event_is_truncated_without_finish_or_done() -> None:
     assert codes(record) == {"truncated_at_close", "no_finish_reason", "no_done"}
 
 
+@pytest.mark.parametrize("timer", ["deadline", "stall"])
+def test_a_stream_the_clients_timer_ends_is_a_failure_but_not_an_untrue_stream(
+    timer: str,
+) -> None:
+    """The same cut as above, made by the client's deadline or stall timer: the request
+    failed (its own code), but what the server had no chance to send — the finish reason,
+    [DONE], the rest of the event — is not the server's problem; the text is still held to
+    the oracle as a prefix."""
+    from harness.protocols.openai_stream import Problem, ProblemCode
+
+    raw = record_stream(BODY).raw
+    cut = raw.index(b'"content":', len(raw) // 2) + 5
+    recorder = StreamRecorder(0.0, expected=expected(BODY))
+    recorder.headers(200, 0.0)
+    recorder.feed(raw[:cut], 0.01)
+    record = recorder.finish(0.5, Problem(ProblemCode(timer), "the client's timer"))
+    assert record.failed and codes(record) == {timer}
+    assert record.ttft_s is not None and 0 < record.output_tokens < 24
+
+    # a cut text that is not the oracle's prefix is still untrue
+    swapped = raw[:cut].replace(b'"content":"', b'"content":"zz', 2)
+    recorder = StreamRecorder(0.0, expected=expected(BODY))
+    recorder.headers(200, 0.0)
+    recorder.feed(swapped, 0.01)
+    record = recorder.finish(0.5, Problem(ProblemCode(timer), "the client's timer"))
+    assert codes(record) == {timer, "wrong_text"}
+
+
 def test_a_stream_ended_by_another_request_is_truncated() -> None:
     """truncate-on-arrival: the running stream gets [DONE] without a finish_reason."""
     bodies = [BODY, chat_body(MODEL, [{"role": "user", "content": "Hi"}], GEN)]

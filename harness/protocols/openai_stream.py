@@ -34,6 +34,10 @@ vLLM, SGLang, GuideLLM, AIPerf and MLPerf):
   (a load that simulates users hanging up): the stream is neither failed nor whole; its
   missing finish reason, ``[DONE]`` and ``usage`` are not problems, its text is checked
   as a prefix of the expected answer.
+- A stream the **client's** deadline or stall timer ended (``deadline`` / ``stall``) failed
+  — it is non-conforming, a load outcome the latency and goodput checks judge — but the
+  server did not end it: like an aborted one, its missing finish reason and ``[DONE]``
+  and the event it was cut in are not further problems, its text is checked as a prefix.
 """
 
 from __future__ import annotations
@@ -70,6 +74,10 @@ class ProblemCode(StrEnum):
     WRONG_TEXT = "wrong_text"  # the text is not the expected completion's
     WRONG_FINISH_REASON = "wrong_finish_reason"  # not the expected completion's
 
+
+# the client's own timers: a stream they end is a failure, but not one the server's
+# stream is to blame for beyond being late (no finish reason or [DONE] to expect)
+CLIENT_CUTS = frozenset({ProblemCode.DEADLINE, ProblemCode.STALL})
 
 # the problems that leave a request without a whole answer: non-conforming for goodput
 FAILURES = frozenset(
@@ -288,13 +296,20 @@ class StreamRecorder:
         sentence recorded as ``transport_error``, or a ``Problem`` recorded as given — a
         client's deadline or stall timer; or the client closed it on purpose: ``aborted``,
         what was read so far is judged as the start of an answer)."""
-        truncated = self.parser.close(at) if self.ok_status and not aborted else None
+        # a stream the client ended (on purpose, or at its deadline or stall timer): what
+        # the server did not get to send is not the server's problem
+        cut_by_client = aborted or (
+            isinstance(transport_error, Problem) and transport_error.code in CLIENT_CUTS
+        )
+        truncated = self.parser.close(at) if self.ok_status and not cut_by_client else None
         if truncated is not None:
             malformed = len(self.malformed)
             self.event(truncated)
             del self.malformed[malformed:]  # a cut event's JSON is cut too: truncation says it
         ended_mid_event = self.parser.ended_mid_event
-        problems = self._problems(transport_error, ended_mid_event and not aborted, aborted)
+        problems = self._problems(
+            transport_error, ended_mid_event and not cut_by_client, cut_by_client
+        )
         counted = sum(self.token_counts)
         usage_tokens = self.usage.completion_tokens if self.usage else None
         t0 = self.intended_at
@@ -330,7 +345,10 @@ class StreamRecorder:
         return "events" if self.count_tokens is None else "tokenizer"
 
     def _problems(
-        self, transport_error: str | Problem | None, ended_mid_event: bool, aborted: bool = False
+        self,
+        transport_error: str | Problem | None,
+        ended_mid_event: bool,
+        cut_by_client: bool = False,
     ) -> list[Problem]:
         out: list[Problem] = []
 
@@ -351,11 +369,11 @@ class StreamRecorder:
             add(ProblemCode.MALFORMED_EVENT, reason)
         if ended_mid_event:
             add(ProblemCode.TRUNCATED_AT_CLOSE, "the body ended inside an event (no blank line)")
-        if self.finish_reason is None and not self.errors and not aborted:
+        if self.finish_reason is None and not self.errors and not cut_by_client:
             add(ProblemCode.NO_FINISH_REASON, "the stream ended without a finish_reason")
         if not self.token_times and not self.errors:
             add(ProblemCode.NO_TOKENS, "not one token-bearing event")
-        if not self.done and not aborted:
+        if not self.done and not cut_by_client:
             add(ProblemCode.NO_DONE, "the stream ended without data: [DONE]")
         if self.after_done:
             add(ProblemCode.DATA_AFTER_DONE, f"{self.after_done} events after data: [DONE]")
