@@ -194,6 +194,7 @@ CASES: tuple[DetectionCase, ...] = (
         check="contention.fail_fast",
         pin_capacity=True,
         fault="unbounded-queue",
+        duration_s=60,
         allowed={
             "contention.recovery_s": _BACKLOG + ": it drains after the hogs stop",
             "contention.throughput_ratio": "requests stuck behind the backlog time out "
@@ -201,7 +202,7 @@ CASES: tuple[DetectionCase, ...] = (
         },
         timeout_s=400,
         why="with half its CPU taken, 0.6x is above what the server can do: the excess must "
-        "be shed, not queued until it times out: two 10 s hog blocks in the quick run",
+        "be shed, not queued until it times out. 60 s (scaled) keeps two 12 s hog blocks",
     ),
     DetectionCase(
         name="backoff-spike",
@@ -224,6 +225,7 @@ CASES: tuple[DetectionCase, ...] = (
         pin_capacity=True,
         also_checks=("contention.recovery_s",),
         fault="backoff-batching:1",
+        duration_s=60,
         timeout_s=400,
         why="the hog halves the CPU, 0.6x overflows the queue and the cap collapses: "
         "throughput in the hog blocks falls to the batch-1 rate, far below the ~0.7x a "
