@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from harness_reference_server.llm.api import LLMState
 from harness_reference_server.llm.tokens import expected_completion, tokenize
 from tests.test_llm_server_api import Answer, chat, completion, request, scrape, serve
@@ -40,6 +42,9 @@ def test_static_batching_holds_a_new_request_until_the_batch_drains() -> None:
     assert not late_ttft_after_first_ends()
 
 
+# real time (time_scale 1): the healthy gap's bound is 40 ms against ~10 ms steps; it
+# failed once in a fast-tier run beside a busy sibling worker (-n 2) and passed alone 3 of 3
+@pytest.mark.serial
 def test_no_chunked_prefill_stalls_a_running_stream_for_a_long_prompt() -> None:
     def max_gap(*faults: str) -> float:
         result = {}

@@ -218,7 +218,7 @@ def test_contention_generates_alternating_blocks_and_hogs() -> None:
         ("cpu_hog", b.start_s, b.end_s) for b in hog_blocks
     ]
     assert s.chaos[0].params["pin"] == "sut"
-    assert all(st.rate == Rate(0.6, relative=True) for st in s.stages)
+    assert all(st.rate == Rate(0.7, relative=True) for st in s.stages)
 
 
 def test_linearity_auto_points_expand_with_the_sut_cores() -> None:

@@ -72,9 +72,9 @@ def _checklist(results: dict[str, tuple[int, list[str]]], ran: list[str]):
     from harness.results import write_document
     from harness.testing.reference_document import build_document
 
-    def run(cmd: str, out_dir: Path, sut_cores: str | None) -> dict:
+    def run(cmd: str, out_dir: Path, sut_cores: str | None, protocol=None, model=None) -> dict:
         k = next(k for k in EDGES if cmd.endswith(f"--b {k[2:]}"))
-        ran.append(k)
+        ran.append(k if protocol is None else f"{k} --protocol {protocol}")
         code, failing = results[k]
         doc = build_document(scenarios=["soak"])
         for c in doc["scenarios"][0]["checks"]:
@@ -293,3 +293,52 @@ def test_a_budget_stopped_configuration_goes_on_when_the_tune_resumes_with_more_
     b3 = next(r for r in doc["tune"]["ranked"] if r["key"] == "b=3")
     assert b3["status"] == MEASURED and b3["peak_rps"] == 1687.5 and b3["n_points"] == 7
     assert code == ExitCode.PASS and doc["tune"]["recommended"] == "b=3"
+
+
+def test_a_tune_in_tokens_is_judged_and_reported_in_tokens_and_checklisted_in_them(
+    tmp_path, monkeypatch
+) -> None:
+    """``harness tune --protocol openai``: the SLO is the TTFT and TPOT bounds (the objective
+    says so, the section keeps both), each configuration's TTFT and TPOT p99 at its peak are
+    in its row, and the winner's quick checklist is the one in tokens."""
+    from harness.peak.tune import verdict
+
+    def tokens(edge: float) -> list[Point]:
+        return [
+            Point(edge, "met", p50_ms=80.0, p99_ms=120.0, tpot_p99_ms=48.0),
+            Point(edge * 1.05, "missed", p99_ms=float("inf"), tpot_p99_ms=51.0),
+        ]
+
+    ran: list[str] = []
+    monkeypatch.setattr(
+        Tuner, "_measure", _searches({k: (tokens(e), "edge found") for k, e in EDGES.items()})
+    )
+    monkeypatch.setattr(tune.verdict, "run_checklist", _checklist({"b=3": (0, [])}, ran))
+    tc = TuneConfig(
+        template=TEMPLATE,
+        space=SPACE,
+        default=SPACE.parse_config("b=1", "--default"),
+        peak=PeakConfig(slo_p99_ms=2000.0, slo_tpot_ms=100.0, tolerance=0.1, repeats=1),
+        mode="brute",
+        protocol="openai",
+    )
+    doc, code = tune.run_tune(tc, tmp_path, checklist=True, show=lambda t: None)
+    from tests.conftest import assert_valid_results
+
+    assert_valid_results(doc, "a tune document in tokens")
+    t = doc["tune"]
+    assert code == ExitCode.PASS and ran == ["b=3 --protocol openai"]
+    assert "TTFT p99 <= 2000 ms and TPOT p99 <= 100 ms" in t["objective"]
+    assert "whole answers >= 99.0% of the streams" in t["objective"]
+    assert (t["slo_p99_ms"], t["slo_tpot_ms"]) == (2000.0, 100.0)
+    best = t["ranked"][0]
+    assert (best["p99_at_peak_ms"], best["tpot_p99_at_peak_ms"]) == (120.0, 48.0)
+    md = tune_markdown(doc)
+    assert "| TTFT p50 / p99 at peak (ms) | TPOT p99 at peak (ms) |" in md
+    assert "80.0 / 120.0 | 48.0 |" in md
+    assert "(TTFT and TPOT p99, whole answers, stream integrity, validity)" in md
+
+    # the command the checklist runs: the tune's protocol and model
+    argv = verdict.checklist_argv("srv --b 3", tmp_path, None, "openai", "tiny")
+    assert argv[-4:] == ["--protocol", "openai", "--model", "tiny"]
+    assert "--protocol" not in verdict.checklist_argv("srv --b 3", tmp_path, None)

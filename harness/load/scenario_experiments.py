@@ -147,8 +147,8 @@ def parse_contention(raw: Any, src: str) -> ContentionSpec | None:
         return None
     keys = ("rate", "block_s", "cycles", "after_s", "warmup_s", "hog_cores")
     t = Table(raw, "contention", src, keys)
-    d = ContentionSpec(Rate(0.6, True))
-    raw_rate = t.take("rate", "0.6x")
+    d = ContentionSpec(Rate(0.7, True))
+    raw_rate = t.take("rate", "0.7x")
     cores = t.take("hog_cores", d.hog_cores)
     if not (
         cores == "sut" or (isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1)

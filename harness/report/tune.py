@@ -173,6 +173,23 @@ _TUNE_HEAD = [
     "points",
     "note",
 ]
+# a tune judged in tokens (--protocol openai): the latency is the time to first token, and
+# the time per output token at the peak has its column
+_TUNE_HEAD_TOKENS = [
+    *_TUNE_HEAD[:4],
+    "TTFT p50 / p99 at peak (ms)",
+    "TPOT p99 at peak (ms)",
+    *_TUNE_HEAD[5:],
+]
+
+
+def in_tokens(tune: Mapping[str, Any]) -> bool:
+    """The tune was judged in tokens (its section has a TPOT bound)."""
+    return tune.get("slo_tpot_ms") is not None
+
+
+def tune_head(tune: Mapping[str, Any]) -> list[str]:
+    return _TUNE_HEAD_TOKENS if in_tokens(tune) else _TUNE_HEAD
 
 
 def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
@@ -217,6 +234,7 @@ def _tune_rows(tune: Mapping[str, Any]) -> list[list[str]]:
                 st.replace("_", " ") if st != MEASURED else _n(r.get("peak_rps")),
                 _n(r.get("upper_rps")),
                 f"{_n(r.get('p50_at_peak_ms'))} / {_n(r.get('p99_at_peak_ms'))}",
+                *([_n(r.get("tpot_p99_at_peak_ms"))] if in_tokens(tune) else []),
                 _n(r.get("cpu_ms_per_request"), 2),
                 _n(r.get("rss_mib")),
                 str(r.get("n_points")),
@@ -241,8 +259,12 @@ def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
         + ".",
         "Each configuration: its own server started, then bracketing and bisection of the "
         f"open-loop rate to {pc.get('tolerance', 0):.0%}, every point >= "
-        f"{pc.get('samples_per_point')} requests judged by the harness (p99 over all "
-        "requests with early stopping, error rate, validity)"
+        f"{pc.get('samples_per_point')} requests judged by the harness "
+        + (
+            "(TTFT and TPOT p99, whole answers, stream integrity, validity)"
+            if in_tokens(tune)
+            else "(p99 over all requests with early stopping, error rate, validity)"
+        )
         + (
             f"; each repeat at a rate on a fresh server ({lifetimes} server lifetimes in all)"
             if lifetimes > len(ranked)
@@ -289,7 +311,12 @@ def tune_markdown(doc: Mapping[str, Any]) -> str:
     lines = ["# harness tune", "", f"**{tune_sentence(tune)}**", ""]
     if tune.get("recommended_cmd"):
         lines += ["```", tune["recommended_cmd"], "```", ""]
-    lines += _tune_intro(tune) + ["", "## Ranking", "", _md_table(_TUNE_HEAD, _tune_rows(tune))]
+    lines += _tune_intro(tune) + [
+        "",
+        "## Ranking",
+        "",
+        _md_table(tune_head(tune), _tune_rows(tune)),
+    ]
     if tune.get("pruned"):
         lines += ["", "## Not searched", ""]
         lines += [f"- {p['key']}: {p['reason']}" for p in tune["pruned"]]
@@ -330,8 +357,9 @@ def pareto_figure(tune: Mapping[str, Any]) -> Any:
         )
     ax.axhline(float(tune.get("slo_p99_ms") or 0), color="#e63946", ls=":", lw=1, label="SLO")
     ax.set_xlabel("peak req/s under the SLO")
-    ax.set_ylabel("p99 at the peak (ms)")
-    ax.set_title("throughput vs p99 per configuration (red: recommended)", fontsize=9)
+    what = "TTFT p99" if in_tokens(tune) else "p99"
+    ax.set_ylabel(f"{what} at the peak (ms)")
+    ax.set_title(f"throughput vs {what} per configuration (red: recommended)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -356,7 +384,7 @@ def tune_html(doc: Mapping[str, Any]) -> str:
         f"<style>{_CSS}</style></head><body><h1>harness tune</h1>"
         f"<p class='lead'>{html.escape(tune_sentence(tune))}</p>{cmd}"
         + "".join(f"<p>{html.escape(x)}</p>" for x in _tune_intro(tune))
-        + f"{img}<h2>Ranking</h2>{_html_table(_TUNE_HEAD, _tune_rows(tune))}"
+        + f"{img}<h2>Ranking</h2>{_html_table(tune_head(tune), _tune_rows(tune))}"
         + (f"<h2>Not searched</h2><ul>{pruned}</ul>" if pruned else "")
         + (
             f"<h2>Head to head</h2><p>{html.escape(_H2H_INTRO)}</p><ul>"

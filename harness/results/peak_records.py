@@ -128,8 +128,9 @@ class TuneConfigResult(TypedDict):
     repeats: int
     confidence: float
     stopped: str
-    p99_at_peak_ms: float | None
+    p99_at_peak_ms: float | None  # in tokens: the TTFT's (failures over the bound)
     p50_at_peak_ms: float | None
+    tpot_p99_at_peak_ms: NotRequired[float | None]  # in tokens only
     cpu_ms_per_request: float | None
     rss_mib: float | None
     points: list[PeakPoint]
@@ -195,7 +196,8 @@ class TuneSection(TypedDict):
     measured: int
     resumed: bool
     elapsed_s: float
-    slo_p99_ms: float
+    slo_p99_ms: float  # in tokens: the p99 time to first token's bound
+    slo_tpot_ms: NotRequired[float | None]  # in tokens: the p99 time per output token's
     peak_config: dict[str, Any]
     interrupted: NotRequired[bool]
     checklist: NotRequired[TuneChecklist]

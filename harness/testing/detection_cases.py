@@ -201,7 +201,7 @@ CASES: tuple[DetectionCase, ...] = (
             "instead of completing, so ok throughput in hog blocks drops with it",
         },
         timeout_s=400,
-        why="with half its CPU taken, 0.6x is above what the server can do: the excess must "
+        why="with half its CPU taken, 0.7x is above what the server can do: the excess must "
         "be shed, not queued until it times out. 60 s (scaled) keeps two 12 s hog blocks",
     ),
     DetectionCase(
@@ -227,8 +227,8 @@ CASES: tuple[DetectionCase, ...] = (
         fault="backoff-batching:1",
         duration_s=60,
         timeout_s=400,
-        why="the hog halves the CPU, 0.6x overflows the queue and the cap collapses: "
-        "throughput in the hog blocks falls to the batch-1 rate, far below the ~0.7x a "
+        why="the hog halves the CPU, 0.7x overflows the queue and the cap collapses: "
+        "throughput in the hog blocks falls to the batch-1 rate, far below the ~0.8x a "
         "shedding server keeps, and the collapse outlives the last hog, so recovery fails "
         "too. A shedding server loses capacity in proportion to its CPU; this one falls "
         "off a cliff",

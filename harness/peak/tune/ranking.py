@@ -79,6 +79,7 @@ def config_result(
         "max_points": max_points,
         "p99_at_peak_ms": at.p99_ms if at else None,
         "p50_at_peak_ms": at.p50_ms if at else None,
+        "tpot_p99_at_peak_ms": at.tpot_p99_ms if at else None,
         "cpu_ms_per_request": at.cpu_ms_per_request if at else None,
         "rss_mib": max((p.rss_mib for p in points if p.rss_mib is not None), default=None),
         # server lifetimes the search ran on (its repeats each on a fresh server)

@@ -199,7 +199,16 @@ class Tuner(HeadToHeadRounds):
         self.results[k] = res
         self.show(
             f"    → {_peak_text(res)}"
-            + (f", p99 {res['p99_at_peak_ms']:.1f} ms" if res.get("p99_at_peak_ms") else "")
+            + (
+                f", {'TTFT ' if pc.in_tokens else ''}p99 {res['p99_at_peak_ms']:.1f} ms"
+                if res.get("p99_at_peak_ms")
+                else ""
+            )
+            + (
+                f", TPOT p99 {res['tpot_p99_at_peak_ms']:.1f} ms"
+                if res.get("tpot_p99_at_peak_ms")
+                else ""
+            )
             + (
                 f", {res['cpu_ms_per_request']:.2f} CPU ms/request"
                 if res.get("cpu_ms_per_request")
@@ -319,8 +328,12 @@ class Tuner(HeadToHeadRounds):
             # checklist fails (``conclude``)
             "fastest": winner["key"] if winner else None,
             "objective": (
-                "highest peak under the SLO (open-loop Poisson, p99 over all requests <= "
-                f"{self.tc.peak.slo_p99_ms:g} ms, errors <= {self.tc.peak.max_error_rate:.1%}"
+                f"highest peak under the SLO (open-loop Poisson, {self.tc.peak.slo_text()}, "
+                + (
+                    f"whole answers >= {1 - self.tc.peak.max_error_rate:.1%} of the streams"
+                    if self.tc.peak.in_tokens
+                    else f"errors <= {self.tc.peak.max_error_rate:.1%}"
+                )
                 + (
                     f"; a peak is a rate that held it in all {self.tc.peak.repeats} repeats"
                     if self.tc.peak.repeats > 1
@@ -357,6 +370,7 @@ class Tuner(HeadToHeadRounds):
             "resumed": self.state.resumed,
             "elapsed_s": round(elapsed, 1),
             "slo_p99_ms": self.tc.peak.slo_p99_ms,
+            "slo_tpot_ms": self.tc.peak.slo_tpot_ms,
             "peak_config": {
                 "confidence": self.tc.peak.confidence,
                 "tolerance": self.tc.peak.tolerance,
@@ -449,7 +463,11 @@ def run_tune(
         show(f"tune: quick checklist on {summary['recommended']} …")
         try:
             summary["checklist"] = verdict.run_checklist(
-                summary["recommended_cmd"], out_dir / "checklist", tc.sut_cores
+                summary["recommended_cmd"],
+                out_dir / "checklist",
+                tc.sut_cores,
+                tc.protocol,
+                tc.model,
             )
         except KeyboardInterrupt:
             summary["checklist"] = {

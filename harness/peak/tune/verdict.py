@@ -35,16 +35,40 @@ def exit_code(summary: Mapping[str, Any]) -> ExitCode:
 _CHECKLIST_VERDICT = {0: "pass", 1: "fail", 3: "invalid", 4: "not_judged"}
 
 
-def run_checklist(cmd: str, out_dir: Path, sut_cores: str | None) -> dict[str, Any]:
-    """``harness acceptance --quick`` on the recommended configuration, as a subprocess
-    (its own exit code and reports in ``out_dir``)."""
-    import subprocess
+def checklist_argv(
+    cmd: str,
+    out_dir: Path,
+    sut_cores: str | None,
+    protocol: str | None = None,
+    model: str | None = None,
+) -> list[str]:
+    """The ``harness acceptance --quick`` command for the recommended configuration: the
+    tune's protocol picks its checklist (``--protocol openai``: the one in tokens)."""
     import sys
 
     argv = [sys.executable, "-m", "harness", "acceptance", "--quick", "--sut-cmd", cmd]
     argv += ["--out", str(out_dir)]
     if sut_cores:
         argv += ["--sut-cores", sut_cores]
+    if protocol:
+        argv += ["--protocol", protocol]
+    if model:
+        argv += ["--model", model]
+    return argv
+
+
+def run_checklist(
+    cmd: str,
+    out_dir: Path,
+    sut_cores: str | None,
+    protocol: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """``harness acceptance --quick`` on the recommended configuration, as a subprocess
+    (its own exit code and reports in ``out_dir``)."""
+    import subprocess
+
+    argv = checklist_argv(cmd, out_dir, sut_cores, protocol, model)
     proc = subprocess.run(argv, capture_output=True, text=True)
     return checklist_result(proc.returncode, proc.stdout, proc.stderr, out_dir)
 
