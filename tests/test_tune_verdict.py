@@ -336,7 +336,8 @@ def test_a_tune_in_tokens_is_judged_and_reported_in_tokens_and_checklisted_in_th
     md = tune_markdown(doc)
     assert "| TTFT p50 / p99 at peak (ms) | TPOT p99 at peak (ms) |" in md
     assert "80.0 / 120.0 | 48.0 |" in md
-    assert "(TTFT and TPOT p99, whole answers, stream integrity, validity)" in md
+    assert "every point's streams judged by the harness (TTFT and TPOT p99" in md
+    assert "requests judged by the harness" not in md  # the V2 early-stopping sample size
 
     # the command the checklist runs: the tune's protocol and model
     argv = verdict.checklist_argv("srv --b 3", tmp_path, None, "openai", "tiny")

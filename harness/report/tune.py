@@ -258,12 +258,13 @@ def _tune_intro(tune: Mapping[str, Any]) -> list[str]:
         + (" (resumed from its state file)" if tune.get("resumed") else "")
         + ".",
         "Each configuration: its own server started, then bracketing and bisection of the "
-        f"open-loop rate to {pc.get('tolerance', 0):.0%}, every point >= "
-        f"{pc.get('samples_per_point')} requests judged by the harness "
+        f"open-loop rate to {pc.get('tolerance', 0):.0%}, "
         + (
-            "(TTFT and TPOT p99, whole answers, stream integrity, validity)"
+            "every point's streams judged by the harness (TTFT and TPOT p99, whole answers, "
+            "stream integrity, validity; each token check needs 100 streams)"
             if in_tokens(tune)
-            else "(p99 over all requests with early stopping, error rate, validity)"
+            else f"every point >= {pc.get('samples_per_point')} requests judged by the harness "
+            "(p99 over all requests with early stopping, error rate, validity)"
         )
         + (
             f"; each repeat at a rate on a fresh server ({lifetimes} server lifetimes in all)"
