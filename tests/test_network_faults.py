@@ -118,8 +118,11 @@ def test_slicer_cuts_the_request_and_counts_its_gaps(proxy: FaultProxy) -> None:
         )
         sliced = _round_trip(s, 2048)
         counters = proxy.command("remove", id="s")["counters"]
-    # 2048 bytes in 8 slices: 7 gaps of 10 ms
-    assert counters["delay_s"] == pytest.approx(0.07, abs=0.005)
+    # 2048 bytes in 8 slices of 256: 7 gaps of 10 ms when they arrive in one read; each read
+    # is sliced on its own, so a request split into k reads (a busy machine) has 8 - k to 7
+    k = counters["chunks_affected"]
+    assert 1 <= k <= 8, counters
+    assert 0.01 * (8 - k) - 0.0005 <= counters["delay_s"] <= 0.07 + 0.0005, counters
     assert sliced - clean >= 0.8 * counters["delay_s"]
 
 
