@@ -95,9 +95,10 @@ def finish(
     checklist: str | Path | None = None,
     doc: dict[str, Any] | None = None,
     render: bool = True,
+    html: bool = True,
 ) -> tuple[dict[str, Any], ExitCode]:
     """Judge ``out_dir/results.json`` (or ``doc``), rewrite it, render the reports
-    (unless ``render`` is false)."""
+    (unless ``render`` is false; report.html only when ``html``)."""
     out = Path(out_dir)
     if doc is None:
         doc = load_document(out / "results.json")
@@ -106,7 +107,7 @@ def finish(
     if render:
         from harness.report import render_all
 
-        render_all(doc, out)
+        render_all(doc, out, html=html)
     return doc, exit_code_for(doc)
 
 

@@ -79,10 +79,10 @@ class Model:
 class MLPModel(Model):
     """float32 MLP, ReLU hidden layers, linear output, weights from a seed.
 
-    The default 256→4096→2048→10 (~9 M weights, 36 MB) does not fit in cache, so a
-    batch of 1 is memory-bound (~2 ms on this box) while a batch of 32 reuses each
-    weight 32 times (~6x the cost of one): batching matters, and the model, not HTTP,
-    dominates a batch-1 request.
+    The default 256→8192→4096→10 (~36 M weights, 143 MB) does not fit in a core's
+    cache, so a batch of 1 is memory-bound while a batch of 32 reuses each weight 32
+    times for a few times the cost of one: batching matters, and the model, not HTTP,
+    dominates a batch-1 request (docs/performance.md has the measured figures).
     """
 
     platform = "numpy_mlp"

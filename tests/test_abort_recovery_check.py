@@ -101,6 +101,12 @@ def test_skipped_without_aborts_a_gauge_and_rss_or_a_stage() -> None:
     blind["server"] = {"started_unix": 1000.0, "series": {"t": []}}
     c = _judge(blind)
     assert c.passed is None and "vllm:kv_cache_usage_perc" in c.detail and "RSS" in c.detail
+    assert "/metrics was not scraped (--metrics-url URL" in c.detail  # nothing was asked
+    other = _result(None)
+    other["server"] = blind["server"]
+    other["metrics"] = {"series": {"process_resident_memory_bytes": {"t": [1.0], "v": [1.0]}}}
+    c = _judge(other)  # scraped, but no gauge of the KV cache among what it exports
+    assert c.passed is None and "exported no KV-cache gauge in /metrics" in c.detail
     c = _judge(_result(_kv(0.04, 0.04, 0.04)), recovery_stage="after")
     assert c.passed is None and "no stage 'after'" in c.detail
     few = _judge(_result(_kv(0.04, 0.04, 0.04)[:24]))  # the recovery's tail never scraped

@@ -276,12 +276,21 @@ def _unmeasured(check: dict) -> bool:
 
 
 def _failed(sc: dict) -> list[str]:
-    """Each failed check with its value, limit and detail: what an assertion must show."""
-    return [
-        f"{c['id']}={c.get('value')} (limit {c.get('threshold')}): {c.get('detail', '')[:300]}"
-        for c in sc["checks"]
-        if c["passed"] is False
-    ] + [f"invalid: {sc.get('validity')}"] * (sc["verdict"] == "invalid")
+    """Each failed or unjudged check with its value, limit and why: what an assertion
+    must show (a scenario comes out not judged when a check defining it was skipped)."""
+    return (
+        [
+            f"{c['id']}={c.get('value')} (limit {c.get('threshold')}): {c.get('detail', '')[:300]}"
+            for c in sc["checks"]
+            if c["passed"] is False
+        ]
+        + [
+            f"{c['id']} not judged: {(c.get('skipped') or '')[:300]}"
+            for c in sc["checks"]
+            if c["passed"] is None
+        ]
+        + [f"invalid: {sc.get('validity')}"] * (sc["verdict"] == "invalid")
+    )
 
 
 def _netns_of(pid: int) -> str:
@@ -358,7 +367,7 @@ def test_agent_two_namespaces(hosts: Hosts, scenario: str, tmp_path: Path) -> No
     # check judged or inconclusive on statistics — never unmeasured for want of the
     # agent's samples or hogs
     assert sc2["verdict"] == "pass" and two["rc"] == 0, (
-        f"two hosts {sc2['verdict']} (failed: {_failed(sc2)})",
+        f"two hosts {sc2['verdict']} (not passed: {_failed(sc2)})",
         tail,
     )
     for c in sc2["checks"]:

@@ -93,6 +93,17 @@ def test_every_llm_fault_has_a_case_or_says_where_it_is_proven() -> None:
     )
 
 
+def test_a_case_pins_its_twins_capacity_when_the_twin_ran_and_probes_its_own_otherwise():
+    for case in CASES:
+        if case.capacity_twin is None:
+            continue
+        twin = BY_NAME[case.capacity_twin]
+        assert twin.expect_pass and twin.scenario == case.scenario, case.name
+        pinned = case.harness_argv("out", None, twin_capacity=37.93)
+        assert "--locust-arg=--capacity-rps=37.93" in pinned
+        assert not any("--capacity-rps" in a for a in case.harness_argv("out", None))
+
+
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
     case = BY_NAME[CAPACITY_CASE]
@@ -119,8 +130,13 @@ def _param(case):
             case,
             id=case.name,
             marks=pytest.mark.skip(
-                reason=f"generalisation row of {', '.join(case.intended)} (another case fails "
-                "it in CI): bench/detection_repeat.py proves it; HARNESS_DETECTION_ALL=1 runs it"
+                reason=(
+                    f"healthy twin of a generalisation row of {', '.join(case.intended)}"
+                    if case.expect_pass
+                    else f"generalisation row of {', '.join(case.intended)}"
+                )
+                + " (another case fails it in CI): bench/detection_repeat.py proves it; "
+                "HARNESS_DETECTION_ALL=1 runs it"
             ),
         )
     return pytest.param(case, id=case.name)
@@ -145,7 +161,14 @@ def test_detection(
         capacity = capacity_of(healthy_run.doc)
         if case.pin_capacity or "{per_request}" in (case.fault or ""):
             assert capacity, f"healthy run measured no capacity: {healthy_run.out_dir}"
-        run = _run_case(case, _out_dir(tmp_path_factory, case.name), capacity, cwd=str(ROOT))
+        twin = SHARED_RUNS.get(case.capacity_twin or "")
+        run = _run_case(
+            case,
+            _out_dir(tmp_path_factory, case.name),
+            capacity,
+            cwd=str(ROOT),
+            twin_capacity=capacity_of(twin.doc) if twin is not None else None,
+        )
     problems = judge(case, run.exit_code, run.doc)
     assert not problems, (
         f"{case.name}: {'; '.join(problems)} (results in {run.out_dir}, "

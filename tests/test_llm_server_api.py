@@ -314,12 +314,16 @@ def test_a_shared_system_prompt_hits_the_prefix_cache_and_cuts_ttft() -> None:
         t0 = time.monotonic()
         cold = await request(app, "POST", "/v1/chat/completions", ask("first"))
         cold_ttft = cold.token_times()[0] - t0
-        t0 = time.monotonic()
-        warm = await request(app, "POST", "/v1/chat/completions", ask("second"))
-        warm_ttft = warm.token_times()[0] - t0
+        # the fastest of three warm requests: a tick lost to another process on a busy
+        # machine lengthens one of them, never the simulated prefill they all skip
+        warm_ttfts = []
+        for q in ("second", "third", "fourth"):
+            t0 = time.monotonic()
+            warm = await request(app, "POST", "/v1/chat/completions", ask(q))
+            warm_ttfts.append(warm.token_times()[0] - t0)
         m = scrape(state)
-        assert m["vllm:prefix_cache_hits_total"] >= 2500  # of ~3,000 (cold: ~62 ms)
-        assert warm_ttft < cold_ttft / 2, (cold_ttft, warm_ttft)
+        assert m["vllm:prefix_cache_hits_total"] >= 3 * 2500  # of ~3,000 each (cold: ~62 ms)
+        assert min(warm_ttfts) < cold_ttft / 2, (cold_ttft, warm_ttfts)
 
     serve(scenario, time_scale=1.0)
 

@@ -185,6 +185,17 @@ def test_kv_leak_on_abort_keeps_a_disconnected_clients_blocks() -> None:
     assert usage_after_disconnect() == 0
 
 
+def test_leak_memory_keeps_bytes_for_every_stream_answered() -> None:
+    async def scenario(app: Any, state: LLMState) -> None:
+        for _ in range(3):
+            a = await request(app, "POST", CHAT, stream_doc(5))
+            assert a.status == 200 and a.data()[-1] == "[DONE]"  # the answer is whole
+        assert [len(b) for b in state.leaked] == [9000, 9000, 9000]
+        assert all(b.count(0x5A) == 9000 for b in state.leaked)  # written: counted in RSS
+
+    serve(scenario, "leak-memory:9000")
+
+
 def test_cross_stream_sends_one_streams_tokens_on_another() -> None:
     def both_right(*faults: str) -> bool:
         result = {}

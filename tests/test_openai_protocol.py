@@ -13,6 +13,13 @@ import pytest
 from harness import protocols
 from harness.checks import REGISTRY, Check, resolve_params
 from harness.errors import ConfigError
+from harness.load.llm_workload import (
+    Conversation,
+    build_plan,
+    config_from_table,
+    play_with_reference,
+)
+from harness.load.scenario import load_scenario
 from harness.load.stream_exchange import outcome_of
 from harness.load.stream_recording import StreamStats
 from harness.protocols import ClassParams
@@ -60,17 +67,54 @@ def test_a_request_is_a_streamed_chat_body_with_its_id_in_user() -> None:
     assert reference_expectation(body) == reference_expectation(item["body"])
 
 
+def test_a_multi_turn_pool_is_each_conversations_first_turn_and_what_builds_the_rest() -> None:
+    """The pool holds one conversation per input (as many as the pool unless the table
+    says): its first turn's request, and the plan header, index and turn lengths from which
+    the load engine builds every later turn from the answers, on any process."""
+    table = {"workload": "multi_turn", "turns": "uniform:min=2,max=4", "input": 20, "output": 5}
+    pool = _pool(6, seed=2, **table)
+    assert len(pool) == 6
+    plan = build_plan(config_from_table({**table, "conversations": 6, "seed": 2}, "t"))
+    for i, item in enumerate(json.loads(json.dumps(pool))):  # as a worker receives it
+        spec = item["conversation"]
+        assert spec["index"] == i and spec["turns"] == plan["conversations"][i]
+        assert "conversations" not in spec["plan"]
+        played = play_with_reference(plan, i, "m")
+        conv = Conversation(spec["plan"], spec["index"], "m", turns=spec["turns"])
+        answer = None
+        for k, (request, reference) in enumerate(played):
+            again = PROTO.turn_input(conv.next_request(answer))
+            if k == 0:
+                assert {key: item[key] for key in again} == again
+            assert again["body"] == {
+                key: v for key, v in request.body.items() if key not in ("stream", "stream_options")
+            }
+            assert again["prompt_tokens"] == request.prompt_tokens
+            answer = reference
+        assert conv.done
+    # the table's count wins over the pool's
+    assert len(_pool(6, seed=2, conversations=3, **table)) == 3
+
+
 def test_bad_workload_input_and_models_are_refused_before_load() -> None:
     with pytest.raises(ConfigError, match="does not list"):
         PROTO.resolve_inputs(META, "other", (), None)
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         PROTO.resolve_inputs(META, "m", ("input:FP32:1,256",), None)
     with pytest.raises(ConfigError, match="workload"):
-        PROTO.resolve_inputs(META, "m", ("workload=multi_turn",), None)
+        PROTO.resolve_inputs(META, "m", ("api=completions",), None)
     with pytest.raises(ConfigError, match="sample-request"):
         PROTO.resolve_inputs(META, "m", (), "req.json")
     assert PROTO.default_model(META) == "m"
     assert is_reference_server(META)
+    # a server that gives its context length refuses, before load, a workload that
+    # cannot fit it (llm_shared_prefix's ~4,100 tokens against vLLM's 1,024)
+    shared = load_scenario("llm_shared_prefix", "quick").llm
+    short = {"data": [{"id": "m", "owned_by": "vllm", "max_model_len": 1024}]}
+    with pytest.raises(ConfigError, match=r"reach 4084 tokens .* max_model_len of 1024: start"):
+        PROTO.resolve_inputs(short, "m", (), None, workload=shared)
+    long = {"data": [{"id": "m", "owned_by": "vllm", "max_model_len": 4096}]}
+    assert PROTO.resolve_inputs(long, "m", (), None, workload=shared)
     assert not is_reference_server({"data": [{"id": "m", "owned_by": "vllm"}]})
 
 
@@ -152,6 +196,35 @@ def test_stream_integrity_counts_wrong_usage_and_goodput_counts_whole_answers() 
         scenario("steady_state", 30.0), resolve_params("llm.goodput", {})
     )
     assert none.passed is None and "--protocol openai" in none.detail
+
+
+def test_a_failed_token_check_quotes_what_the_server_said_the_first_time() -> None:
+    """A 400 for a prompt past the model's context (as vLLM answers it): goodput's and
+    the p99s' counts say http_error; the detail quotes the server's body, so the fix is
+    in the report, not in the server's log."""
+    said = b'{"error": {"message": "maximum context length is 1024 tokens", "code": 400}}'
+    refused = [synthetic_record([(0.01, said)], status=400) for _ in range(20)]
+    healthy = [_stream(0.08, 0.02, 16) for _ in range(100)]
+    g = _judge("llm.goodput", healthy + refused)
+    assert g.passed is False and "http_error 20" in g.detail
+    assert "the first http_error said: HTTP 400: " in g.detail
+    assert "maximum context length is 1024 tokens" in g.detail
+    # kept for the first few streams only, in each worker's cells and their merge
+    a, b = StreamStats(), StreamStats()
+    for rec in refused[:10]:
+        a.record("steady", rec)
+    for rec in refused[10:]:
+        b.record("steady", rec)
+    merged = StreamStats()
+    for part in (a, b):
+        merged.merge(part.drain())
+    summary = merged.summary()
+    assert summary["classes"]["steady"]["goodput"]["by_problem"] == {"http_error": 20}
+    for cell in (summary["classes"]["steady"], summary["total"]):
+        kept = cell["goodput"]["examples"]["http_error"]
+        assert len(kept) == 2 and all("maximum context length" in k for k in kept)
+    # a passing check says nothing more
+    assert "said" not in _judge("llm.goodput", healthy).detail
 
 
 def test_the_report_shows_the_token_figures_per_stage_in_stage_order() -> None:

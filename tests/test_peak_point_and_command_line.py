@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from harness.errors import ConfigError
 from harness.peak.config import PeakConfig
 
 # --- the guard and the command line ------------------------------------------------------
@@ -201,8 +200,11 @@ def test_a_point_in_tokens_is_judged_by_ttft_tpot_and_whole_answers(tmp_path) ->
     assert checks["llm.tpot_p99"] == {"stage": "point", "threshold": 30}
     assert checks["llm.goodput"] == {"stage": "point", "threshold": 0.98}
     assert "steady.p99_ms" not in checks
-    with pytest.raises(ConfigError, match="--start-rps"):
-        point_scenario(cfg, None, 30.0)  # no capacity probe to start from
+    # the first point of a search without --start-rps: half of a probe of the same streams
+    path.write_text(point_scenario(cfg, None, 30.0))
+    first = load_scenario(str(path), "quick")
+    assert first.load.calibrate and first.needs_capacity
+    assert [str(s.rate) for s in first.stages] == ["0.5x", "0.5x"]
 
     def result(verdicts, failed=0):
         cell = {

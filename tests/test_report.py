@@ -43,6 +43,14 @@ def rendered(golden, tmp_path_factory):
     return {k: p.read_text(encoding="utf-8") for k, p in paths.items()}
 
 
+def test_without_html_the_other_reports_are_written_and_no_page(golden, tmp_path) -> None:
+    """``--no-html-report``: summary.md and junit.xml as always, no report.html (and
+    ``harness report DIR`` draws it later from results.json)."""
+    paths = render_all(golden, tmp_path, html=False)
+    assert set(paths) == {"junit", "summary"} and all(p.stat().st_size for p in paths.values())
+    assert not (tmp_path / "report.html").exists()
+
+
 class _Page(HTMLParser):
     """Collects tags, their attributes and text, and checks every tag is closed."""
 

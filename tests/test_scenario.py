@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.acceptance import FULL_ONLY
+from harness.acceptance.plan import LLM_FULL_ONLY, checklist
 from harness.errors import ConfigError
 from harness.load.scenario import (
     CHECK_IDS,
@@ -32,7 +33,9 @@ PACKAGED = (
     "linearity",
     "llm_abort_storm",
     "llm_mixed_priority",
+    "llm_multi_turn",
     "llm_shared_prefix",
+    "llm_soak",
     "llm_spike",
     "llm_steady",
     "mixed_priority",
@@ -50,7 +53,7 @@ QUICK_BUDGET_S = {
     "mixed_priority": 35,
     "soak": 65,  # the leak cases are proven at 60 s
     "contention": 65,
-    "linearity": 95,
+    "linearity": 30,  # its two rows are proven at 24 s on 2 cores (docs/detection-repeated.md)
     "integrity": 25,
     "network": 55,  # --full only (harness.acceptance.FULL_ONLY)
     "freeze": 30,
@@ -61,6 +64,8 @@ QUICK_BUDGET_S = {
     "llm_spike": 35,
     "llm_shared_prefix": 40,
     "llm_mixed_priority": 45,
+    "llm_multi_turn": 25,
+    "llm_soak": 65,  # --full only (harness.acceptance.plan.LLM_FULL_ONLY)
 }
 # The check ids each packaged scenario must evaluate.
 EXPECTED_CHECKS = {
@@ -94,6 +99,16 @@ EXPECTED_CHECKS = {
     "llm_abort_storm": {"llm.abort_recovery", "llm.goodput", "llm.stream_integrity"},
     "llm_spike": {"llm.overload", "llm.stream_integrity", "spike.recovery_s"},
     "llm_mixed_priority": {"llm.priority_ttft_p99", "llm.stream_integrity"},
+    "llm_multi_turn": {"llm.ttft_p99", "llm.tpot_p99", "llm.stream_integrity", "llm.goodput"},
+    "llm_soak": {
+        "soak.rss_trend",
+        "soak.threads_trend",
+        "soak.fds_trend",
+        "soak.latency_drift",
+        "soak.error_rate",
+        "llm.goodput",
+        "llm.stream_integrity",
+    },
     "llm_shared_prefix": {
         "llm.stall",
         "llm.ttft_p99",
@@ -166,7 +181,7 @@ def test_quick_checklist_fits_twelve_minutes_with_calibration(llm: bool) -> None
     total = 0.0
     n = 0
     for name in PACKAGED:
-        if name in FULL_ONLY:  # not in the quick checklist
+        if name in FULL_ONLY or name in LLM_FULL_ONLY:  # not in the quick checklist
             continue
         if name.startswith("llm_") != llm:  # the other protocol's checklist
             continue
@@ -178,6 +193,21 @@ def test_quick_checklist_fits_twelve_minutes_with_calibration(llm: bool) -> None
 
 def test_soak_full_is_one_hour() -> None:
     assert load_scenario("soak", "full").duration_s == 3600
+    assert load_scenario("llm_soak", "full").duration_s == 3600
+
+
+def test_the_llm_soak_is_judged_as_the_soak_and_runs_in_the_full_llm_checklist() -> None:
+    """llm_soak is the soak in tokens: the soak's defining checks and thresholds (a pass
+    needs the server's samples), on a stream workload; the full LLM checklist runs it
+    before the spike, the quick one does not."""
+    soak, llm = load_scenario("soak", "full"), load_scenario("llm_soak", "full")
+    assert llm.defined_by == soak.defined_by
+    assert llm.load.protocol == "openai" and llm.llm
+    for cid in ("soak.rss_trend", "soak.threads_trend", "soak.fds_trend"):
+        assert llm.checks[cid] == soak.checks[cid], cid
+    quick, full = checklist("quick", "openai"), checklist("full", "openai")
+    assert "llm_soak" not in quick
+    assert full.index("llm_soak") < full.index("llm_spike") == len(full) - 1
 
 
 def test_every_packaged_file_documents_itself() -> None:

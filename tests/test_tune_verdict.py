@@ -72,7 +72,9 @@ def _checklist(results: dict[str, tuple[int, list[str]]], ran: list[str]):
     from harness.results import write_document
     from harness.testing.reference_document import build_document
 
-    def run(cmd: str, out_dir: Path, sut_cores: str | None, protocol=None, model=None) -> dict:
+    def run(argv: list[str], out_dir: Path) -> dict:
+        cmd = argv[argv.index("--sut-cmd") + 1]
+        protocol = argv[argv.index("--protocol") + 1] if "--protocol" in argv else None
         k = next(k for k in EDGES if cmd.endswith(f"--b {k[2:]}"))
         ran.append(k if protocol is None else f"{k} --protocol {protocol}")
         code, failing = results[k]

@@ -1,7 +1,8 @@
 """One ``harness acceptance`` / ``harness run`` session: the plan's scenarios in order,
 each a Locust run (``harness.locust_run``), then merge, judge and report.
 
-Between scenarios: the first undisturbed calibration pins one capacity for the rest, a
+Between scenarios: the first undisturbed calibration pins the capacity for the scenarios
+after it that send the same requests (one per ``[llm]`` workload), a
 scenario invalid only because the machine was disturbed runs again (``retries``), a
 configuration error found while preparing one stops the session (nothing measured yet)
 or leaves that scenario out (named), a scenario that wrote no results fails
@@ -11,6 +12,7 @@ with what was measured.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -21,7 +23,7 @@ from harness import locust_run
 from harness.acceptance.no_results import failed_scenario
 from harness.acceptance.plan import Plan
 from harness.acceptance.retries import retry_line, retry_reasons, set_aside
-from harness.errors import ConfigError, ExitCode
+from harness.errors import ConfigError, ExitCode, HarnessError
 from harness.finish import FINISH_IMPORTS, finish
 from harness.load.preflight import Exclusion
 from harness.locust_run import ScenarioRun, StopFlag, last_error_line
@@ -46,15 +48,25 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
         show(f"  {e.name}: NOT RUN — {e.reason}")
     stop = StopFlag()
     with trapped_signals(stop):
-        current = plan
         pinned = any(a.startswith("--capacity-rps") for a in plan.extra_args)
+        capacities: dict[str, float] = {}  # workload → the capacity calibrated for it
         for i, name in enumerate(plan.scenarios, start=1):
             if stop.requested:
                 break
+            workload = capacity_workload(name, plan.mode)
+            current = plan
+            if not pinned and workload in capacities:
+                current = replace(
+                    plan,
+                    extra_args=(*plan.extra_args, "--capacity-rps", repr(capacities[workload])),
+                )
             warm = None  # finish's imports, loaded while Locust judges and stops its server
             if not all(m in sys.modules for m in FINISH_IMPORTS):
                 results = current.out_dir / Path(name).stem / "results.json"
-                warm = locust_run.ImportWhenWritten(results, FINISH_IMPORTS)
+                wanted = tuple(
+                    m for m in FINISH_IMPORTS if plan.html_report or not m.endswith(".html")
+                )
+                warm = locust_run.ImportWhenWritten(results, wanted)
             run = _run_with_retries(plan, current, name, i, stop, show)
             if warm is not None:
                 warm.cancel()
@@ -79,20 +91,20 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
                 continue
             runs.append(run)
             show(scenario_summary(run))
-            capacity = None if pinned else calibrated_capacity(run.document)
+            capacity = (
+                None if pinned or workload in capacities else calibrated_capacity(run.document)
+            )
             if capacity is not None:
-                # One capacity for the whole checklist: "0.6x" is the same rate in every
-                # scenario, and the later ones skip their own probe.
-                pinned = True
-                current = replace(
-                    plan, extra_args=(*plan.extra_args, "--capacity-rps", repr(capacity))
-                )
+                # One capacity per workload: "0.6x" is the same rate in every scenario that
+                # sends the same requests, and the later ones skip their own probe.
+                capacities[workload] = capacity
+                same = " with the same [llm] workload" if workload else ""
                 show(
                     f"  capacity {capacity:.1f} req/s (calibrated in {Path(name).stem}; "
-                    "pinned for the scenarios after it)"
+                    f"pinned for the scenarios after it{same})"
                 )
     doc = _merged(plan, runs, excluded)
-    doc, code = finish(plan.out_dir, plan.checklist, doc=doc)
+    doc, code = finish(plan.out_dir, plan.checklist, doc=doc, html=plan.html_report)
     return Outcome(document=doc, exit_code=code, runs=tuple(runs))
 
 
@@ -143,6 +155,20 @@ def _merged(plan: Plan, runs: list[ScenarioRun], excluded: list[Exclusion]) -> d
         doc["partial"] = True
         doc["not_run"] = list(plan.scenarios[attempted:])
     return doc
+
+
+def capacity_workload(name: str, mode: str) -> str:
+    """What a capacity is the capacity of: "" for the model's inputs (every scenario of a
+    protocol without a token workload sends the same requests), else the scenario's
+    ``[llm]`` table — a server completes fewer streams a second the longer they are.
+    A scenario that cannot be read here has a key of its own (its run reports why)."""
+    from harness.load.scenario import load_scenario
+
+    try:
+        llm = load_scenario(name, "quick" if mode == "quick" else "full").llm
+    except HarnessError:
+        return f"unreadable: {name}"
+    return json.dumps(dict(llm), sort_keys=True, default=str) if llm else ""
 
 
 def _recorded_error(document: Mapping[str, Any] | None) -> str | None:

@@ -186,7 +186,7 @@ CATALOG = Catalog(
             summary="memory leak detector (Theil–Sen slope + Mann–Kendall, warm-up excluded)",
             passes_when="no sustained RSS growth > {threshold} MiB/min (Theil–Sen + Hamed–Rao "
             "Mann–Kendall, random-walk guard, warm-up excluded; inconclusive fails `--full`)",
-            scenarios=("soak",),
+            scenarios=("soak", "llm_soak"),
         ),
         CheckDecl(
             "soak.threads_trend",
@@ -196,7 +196,7 @@ CATALOG = Catalog(
             defaults=_defaults(threshold=0.5, **TREND_DEFAULTS),
             summary="thread leak detector (trend test + last third above middle third)",
             passes_when="no thread-count growth > {threshold}/min",
-            scenarios=("soak",),
+            scenarios=("soak", "llm_soak"),
         ),
         CheckDecl(
             "soak.fds_trend",
@@ -207,7 +207,7 @@ CATALOG = Catalog(
             summary="file-descriptor leak detector (trend test + last third above middle third)",
             passes_when="no open-fd growth > {threshold}/min, sockets net of the harness's own "
             "connections",
-            scenarios=("soak",),
+            scenarios=("soak", "llm_soak"),
         ),
         CheckDecl(
             "soak.latency_drift",
@@ -225,7 +225,7 @@ CATALOG = Catalog(
             "fitted end vs start (a slope) and last third vs first third (a step)",
             passes_when="windowed p99 over every request (failures count as slowest): fitted "
             "end vs start *and* last third vs first third ≤ {threshold}×, or not significant",
-            scenarios=("soak",),
+            scenarios=("soak", "llm_soak"),
         ),
         CheckDecl(
             "soak.error_rate",
@@ -251,7 +251,7 @@ CATALOG = Catalog(
             "window of a few seconds (binomial margin)",
             passes_when="≤ {threshold:%} failed over the soak, and no {window_s} s window "
             "over {window_threshold:%} (beyond binomial noise)",
-            scenarios=("soak",),
+            scenarios=("soak", "llm_soak"),
         ),
         CheckDecl(
             "linearity.efficiency",
@@ -468,7 +468,7 @@ CATALOG = Catalog(
             "requests counted as over it)",
             passes_when="p99 time to first token ≤ {threshold} ms (MLPerf's Server bound "
             "for an 8B model; > 1 % failed streams is a failure)",
-            scenarios=("llm_steady", "llm_shared_prefix"),
+            scenarios=("llm_steady", "llm_shared_prefix", "llm_multi_turn"),
         ),
         CheckDecl(
             "llm.tpot_p99",
@@ -480,7 +480,7 @@ CATALOG = Catalog(
             "(tokens − 1)",
             passes_when="p99 time per output token ≤ {threshold} ms (MLPerf's Server bound "
             "for an 8B model)",
-            scenarios=("llm_steady", "llm_shared_prefix"),
+            scenarios=("llm_steady", "llm_shared_prefix", "llm_multi_turn"),
         ),
         CheckDecl(
             "llm.stall",
@@ -538,6 +538,8 @@ CATALOG = Catalog(
                 "llm_mixed_priority",
                 "llm_spike",
                 "llm_shared_prefix",
+                "llm_multi_turn",
+                "llm_soak",
             ),
         ),
         CheckDecl(
@@ -548,7 +550,13 @@ CATALOG = Catalog(
             summary="share of the requests sent (and dropped) that got a whole answer",
             passes_when="≥ {threshold:%} of the requests get a whole answer (an error, a "
             "timeout, a stall, a truncated stream or one without tokens is not)",
-            scenarios=("llm_steady", "llm_abort_storm", "llm_shared_prefix"),
+            scenarios=(
+                "llm_steady",
+                "llm_abort_storm",
+                "llm_shared_prefix",
+                "llm_multi_turn",
+                "llm_soak",
+            ),
         ),
         CheckDecl(
             "llm.priority_ttft_p99",

@@ -205,11 +205,14 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
     # connections are never read as the server's leak.
     conns = series.get("client_conns") or []
     # a count read late leaves its tick unknown (harness.load.own_conns): the net series
-    # is judged on the ticks that have one, when they are nearly all of them — falling
-    # back to all sockets for one late count would judge the harness's keep-alive pool
-    # as the server's (one tick of 61 was unknown in a measured contention run)
+    # is judged on the ticks that have one. Falling back to all sockets for a few late
+    # counts would judge the harness's keep-alive pool as the server's: it grows as the
+    # load starts and plateaus, +3 to +27 sockets/min over the first 30 s of a healthy
+    # quick soak across two hosts (one tick of 61 was unknown in a measured contention
+    # run). Fewer ticks only cost the trend test power, and it says when too few are
+    # left; only a series mostly without counts is judged whole, as one without any.
     known = [i for i, c in enumerate(conns) if c is not None]
-    net = len(conns) == len(sockets) and len(known) >= max(2, 0.9 * len(sockets))
+    net = len(conns) == len(sockets) and len(known) >= max(2, 0.5 * len(sockets))
     if net:
         socket_t = [t[i] for i in known]
         socket_series = np.asarray([float(sockets[i]) - float(conns[i]) for i in known])
@@ -235,6 +238,8 @@ def fds_trend(result: Mapping[str, Any], r: Result) -> Check:
             f"sockets net of the harness's own connections to the server (median "
             f"{fmt(float(np.median(np.asarray([conns[i] for i in known], dtype=float))))}"
         )
+        if len(known) < len(conns):
+            note += f"; {len(conns) - len(known)} of {len(conns)} ticks without a count left out"
         if gross.slope_per_min is not None:
             note += f"; all sockets {gross.slope_per_min:+.3g}/min"
         rest = f"{rest}; {note})" if rest else f"{note})"

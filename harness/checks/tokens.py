@@ -122,6 +122,17 @@ def tpot_p99(result: Mapping[str, Any], r: Result) -> Check:
     return check
 
 
+def _first_words(cell: Mapping[str, Any], found: Mapping[str, int]) -> str:
+    """What the commonest problem of ``found`` said the first time (an error body, the
+    event that broke the stream), as a clause for a failed check's detail; "" when no
+    stream of it was kept."""
+    if not found:
+        return ""
+    code = max(sorted(found), key=lambda k: found[k])
+    said = ((cell.get("goodput") or {}).get("examples") or {}).get(code) or []
+    return f"; the first {code} said: {said[0]}" if said else ""
+
+
 @implements("llm.stream_integrity")
 def stream_integrity(result: Mapping[str, Any], r: Result) -> Check:
     cell, where = _cell(result, str(r.params["stage"]))
@@ -146,6 +157,7 @@ def stream_integrity(result: Mapping[str, Any], r: Result) -> Check:
         "text was not checked (not the reference server: form, usage and [DONE] only)"
     )
     if not ok:
+        detail += _first_words(cell, found)
         detail += (
             " — a stream that lies about its usage, ends without its finish reason or "
             "[DONE], sends an error under a 200 or carries another request's tokens breaks "
@@ -180,6 +192,7 @@ def goodput(result: Mapping[str, Any], r: Result) -> Check:
         + (f"; {kinds}" if kinds else "")
     )
     if not ok:
+        detail += _first_words(cell, {k: v for k, v in failures.items() if v})
         detail += (
             " — requests that fail, time out, stall or end without tokens at the rated load: "
             "the server is past its capacity or breaks streams; see the failures by kind"

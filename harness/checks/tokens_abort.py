@@ -153,10 +153,15 @@ def abort_recovery(result: Mapping[str, Any], r: Result) -> Check:
         return r.judged(round(rise, 4), ok, detail, n=len(after))
     rss = rss_series(result)
     if rss is None:
+        scraped = bool((result.get("metrics") or {}).get("series"))
+        gauges = ", ".join(KV_GAUGES)
         return r.skipped(
-            "the server exported no KV-cache gauge in /metrics ("
-            + ", ".join(KV_GAUGES)
-            + ") and its RSS was not sampled (watch its pid: --sut-pid, or let the harness "
+            (
+                f"the server exported no KV-cache gauge in /metrics ({gauges})"
+                if scraped
+                else f"/metrics was not scraped (--metrics-url URL: {gauges})"
+            )
+            + " and its RSS was not sampled (watch its pid: --sut-pid, or let the harness "
             "start it): nothing says what it holds"
         )
     ts, vs = rss

@@ -75,8 +75,8 @@ def _add_peak_options(p: argparse.ArgumentParser) -> None:
         "--start-rps",
         type=positive_float,
         default=None,
-        help="first rate to measure (default: half the harness's capacity probe; with "
-        "--protocol openai, 1 req/s)",
+        help="first rate to measure (default: half the harness's capacity probe, in "
+        "streams of the workload with --protocol openai)",
     )
     p.add_argument(
         "--warmup-s",
@@ -116,9 +116,7 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
         confidence=args.confidence,
         tolerance=args.tolerance,
         repeats=repeats,
-        # in tokens there is no capacity probe to start from: 1 req/s, and the bracketing
-        # doubles from there
-        start_rps=args.start_rps or (DEFAULT_START_RPS_TOKENS if slo_tpot_ms else None),
+        start_rps=args.start_rps,
         warmup_s=args.warmup_s,
         min_point_s=args.min_point_s,
         max_point_s=args.max_point_s,
@@ -132,7 +130,6 @@ def _peak_config(args: argparse.Namespace, repeats: int) -> Any:
 # llm.tpot_p99 take them (docs/llm-metrics.md)
 DEFAULT_SLO_TTFT_MS = 2000.0
 DEFAULT_SLO_TPOT_MS = 100.0
-DEFAULT_START_RPS_TOKENS = 1.0
 
 
 def _slos(args: argparse.Namespace) -> tuple[float, float | None]:

@@ -109,6 +109,13 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         "was disturbed (requests left late, another tenant's CPU); every attempt is kept "
         "and reported (default 1; 0 = never)",
     )
+    p.add_argument(
+        "--no-html-report",
+        dest="html_report",
+        action="store_false",
+        help="write results.json, summary.md and junit.xml but not report.html (its plots "
+        "cost about a second a run; `harness report DIR` draws it later from results.json)",
+    )
 
 
 def add_acceptance(sub: Subparsers) -> None:
@@ -235,6 +242,7 @@ def plan_request(
         capacity=args.capacity,
         capacity_slo_p99_ms=args.capacity_slo_p99_ms,
         retry_invalid=args.retry_invalid,
+        html_report=args.html_report,
     )
 
 

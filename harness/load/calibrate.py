@@ -6,6 +6,18 @@ requests in flight back to back (enough to fill the server's batches) for ``dura
 discards the first ``warmup_fraction`` and reports the rate of ``ok`` answers over the
 rest: what the server actually completes, not what it was offered.
 
+A token stream lasts seconds, as long as the probe itself: counting the streams sent after
+the warm-up would count only those that happened to start and end inside it. With
+``streams`` the probe instead measures each user from the end of its first whole stream
+(the cold start, when every user's prompt arrives at once, with whatever the server
+refused meanwhile) to the end of its last exchange, and divides: capacity = ok streams /
+(the users' measured time / users) — the closed-loop law, each user always in the
+server, no think time. Every user sends at least one exchange after its first whole
+stream, so a probe shorter than a stream still measures one a user after the cold one;
+and a user that has measured keeps sending, uncounted, until every user has, so that no
+stream is measured in a server emptier than the probe's (those still running then are cut
+off, as a client that hangs up).
+
 The probe runs before the sampler starts, so it accounts for its own window
 (``harness.collectors.system.ForeignMeter``, read at the end of the warm-up and at the
 end): the CPU on the server's cores that was not the run's, and the generator's own CPU.
@@ -22,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import gevent
+import gevent.event
 import gevent.pool
 
 from harness.collectors.system import ForeignMeter
@@ -62,24 +75,45 @@ def calibrate(
     warmup_fraction: float = 0.2,
     clock: Callable[[], float] = time.perf_counter,
     sut_pid: int | None = None,
+    streams: bool = False,
 ) -> Calibration:
     """Run the probe in this process (gevent) and return the measured capacity, with the
     CPU accounting of its measured part (``sut_pid``: the server's process on this host,
-    None when it is elsewhere or unknown — then only the generator's CPU is measured)."""
+    None when it is elsewhere or unknown — then only the generator's CPU is measured).
+    ``streams``: answers that last seconds (token streams), measured by the closed-loop
+    law (module docstring)."""
     start = clock()
     measure_from = start + duration_s * warmup_fraction
     stop_at = start + duration_s
     counts = {"ok": 0, "errors": 0}
+    busy = [0.0]  # streams: the users' measured time, summed
     last_done = [stop_at]
     hist = hdr.new_histogram()
     seq = iter(range(1 << 40))
 
+    finished = [0]  # streams: users that have measured what they will
+    all_finished = gevent.event.Event()
+
     def user() -> None:
         conn = http.Connection(host, port)
+        # streams: the user's time from the end of its first whole stream (its cold start,
+        # with whatever was refused before it) to the end of its last measured exchange
+        since: float | None = None
+        measured = 0
+        end = start
+        done = False
         try:
             while True:
                 t0 = clock()
-                if t0 >= stop_at:
+                if not done and t0 >= stop_at:
+                    if not streams:
+                        return
+                    if measured or t0 >= stop_at + timeout_s:
+                        done = True
+                        finished[0] += 1
+                        if finished[0] == users:
+                            all_finished.set()
+                if done and all_finished.is_set():
                     return
                 n = next(seq)
                 raw = pool.raw(cls, n % len(pool), make_id(CALIBRATION_SLOT, n))
@@ -88,18 +122,31 @@ def calibrate(
                 except (http.RequestTimeout, http.ConnectionFailed):
                     status = 0
                 t1 = clock()
-                if t0 < measure_from:
+                if status == 0:
+                    gevent.sleep(0.01)  # don't spin on a refused connection
+                if done:
+                    # streams: a user that has measured keeps the server as busy as it was
+                    # until the last one has (a server with fewer streams in flight is
+                    # faster, and the last streams measured would say so), uncounted
                     continue
+                if streams and since is None:
+                    if status == 200:
+                        since = t1
+                    continue
+                if not streams and t0 < measure_from:
+                    continue
+                measured += 1
+                end = t1
                 last_done[0] = max(last_done[0], t1)
                 if status == 200:
                     counts["ok"] += 1
                     hist.record_value(max(1, int((t1 - t0) * 1e6)))
                 else:
                     counts["errors"] += 1
-                    if status == 0:
-                        gevent.sleep(0.01)  # don't spin on a refused connection
         finally:
             conn.close()
+            if since is not None and measured:
+                busy[0] += end - since
 
     meter = ForeignMeter(sut_pid)
 
@@ -111,8 +158,13 @@ def calibrate(
     for _ in range(users):
         group.spawn(user)
     metering = gevent.spawn(start_meter)
-    group.join(timeout=duration_s + timeout_s + 5)
-    group.kill(block=False)
+    if streams:
+        # the users still streaming once every user has measured are cut off mid-stream
+        all_finished.wait(timeout=duration_s + 3 * timeout_s + 5)
+        group.kill(block=True, timeout=5.0)
+    else:
+        group.join(timeout=duration_s + timeout_s + 5)
+        group.kill(block=False)
     metering.join(timeout=1.0)
     cpu = meter.stop() if metering.successful() else None
     measured = max(1e-9, last_done[0] - measure_from)
@@ -123,8 +175,10 @@ def calibrate(
             f"absolute rates (req/s) or load.capacity_rps in the scenario"
         )
     pct = hdr.summary_ms(hist)
+    if streams:
+        measured = max(1e-9, last_done[0] - start)
     return Calibration(
-        capacity_rps=counts["ok"] / measured,
+        capacity_rps=users * counts["ok"] / busy[0] if streams else counts["ok"] / measured,
         users=users,
         duration_s=duration_s,
         measured_s=measured,

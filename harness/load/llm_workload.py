@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +182,18 @@ def check(cfg: WorkloadConfig, where: str = "llm") -> None:
         _check_context(cfg, where)
 
 
+def longest_request(cfg: WorkloadConfig) -> int:
+    """The most tokens one request of ``cfg`` can hold, prompt and ``max_tokens`` (a
+    multi-turn conversation's answers counted at ``max_tokens``), in the harness's
+    tokens; 0 for a ``jsonl`` file (its requests are counted when it is read)."""
+    most = (cfg.input.high or 0) + (cfg.output.high or 0)
+    if cfg.workload == "shared_prefix":
+        most += cfg.prefix_tokens
+    elif cfg.workload == "multi_turn":
+        most *= cfg.turns.high or 1
+    return most
+
+
 def _check_context(cfg: WorkloadConfig, where: str) -> None:
     """ConfigError when a request can hold more than ``max_context`` tokens (prompt and
     ``max_tokens``; a multi-turn conversation's answers counted at ``max_tokens``)."""
@@ -194,11 +206,7 @@ def _check_context(cfg: WorkloadConfig, where: str) -> None:
             f"{where}.{unbounded[0]} has no max, so it can pass max_context "
             f"({cfg.max_context}); give the spec a max"
         )
-    most = (cfg.input.high or 0) + (cfg.output.high or 0)
-    if cfg.workload == "shared_prefix":
-        most += cfg.prefix_tokens
-    elif cfg.workload == "multi_turn":
-        most *= cfg.turns.high or 1
+    most = longest_request(cfg)
     if most > (cfg.max_context or 0):
         raise ConfigError(
             f"{where}: a request can reach {most} tokens (prompt and max_tokens) > "
@@ -345,10 +353,20 @@ class Conversation:
     in place (the reference server's do), turn ``k`` has the prompt tokens of turn ``k-1``
     plus the answer's plus the ``input`` tokens drawn for it."""
 
-    def __init__(self, plan: Mapping[str, Any], index: int, model: str) -> None:
+    def __init__(
+        self,
+        plan: Mapping[str, Any],
+        index: int,
+        model: str,
+        turns: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """``turns``: conversation ``index``'s [input, output] lengths when ``plan`` does
+        not carry its ``conversations`` (``plan_header``): the same conversation."""
         _checked(plan, "multi_turn")
         self.plan, self.index, self.model = plan, index, model
-        self.turns: list[list[int]] = plan["conversations"][index]
+        self.turns = [
+            list(t) for t in (turns if turns is not None else plan["conversations"][index])
+        ]
         self.messages: list[dict[str, Any]] = []
         self.turn = 0  # requests built so far
         self._prompt_text, self._prompt_tokens = "", 0  # the last request's rendered prompt
@@ -380,6 +398,12 @@ class Conversation:
         self.turn += 1
         body = chat_body(self.model, self.messages, _generation(self.plan, n_out))
         return LlmRequest(CHAT_PATH, body, self._prompt_tokens, n_out)
+
+
+def plan_header(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """``plan`` without its per-request lists: what every turn of every conversation
+    needs besides the conversation's own lengths (``Conversation(..., turns=...)``)."""
+    return {k: v for k, v in plan.items() if k not in ("conversations", "requests", "items")}
 
 
 def conversations_from_plan(plan: Mapping[str, Any], model: str) -> list[Conversation]:

@@ -155,7 +155,7 @@ class OwnConns:
         (in place). Before a process's first reading it held none (no plan yet), after the
         last of one that finished none (its load closed them); a tick inside its readings
         with none near, or after the last of one that never finished, is unknown (None):
-        a net socket series with holes is not judged as one."""
+        the net socket series leaves that tick out, never pairs it with another's."""
         server = (samples or {}).get("server")
         system = (samples or {}).get("system") or {}
         if not server:

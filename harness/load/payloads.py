@@ -37,22 +37,30 @@ class PayloadPool:
         self.protocol = protocol if protocol is not None else protocols.default()
         self.inputs = list(inputs)
         self.class_names = [c.name for c in classes]
-        self._parts: dict[str, list[tuple[bytes, bytes]]] = {}
-        method = self.protocol.request_method
-        for c in classes:
-            rows = []
-            for inp in self.inputs:
-                before, after = self.protocol.request_parts(inp, c)
-                body_len = len(before) + ID_WIDTH + len(after)
-                head = http.build_head(method, path, host, port, body_len)
-                rows.append((head + before, after))
-            self._parts[c.name] = rows
+        self._classes = {c.name: c for c in classes}
+        self._where = (path, host, port)
+        self._parts: dict[str, list[tuple[bytes, bytes]]] = {
+            c.name: [self._encode(inp, c) for inp in self.inputs] for c in classes
+        }
+
+    def _encode(self, inp: Any, cls: ClassParams) -> tuple[bytes, bytes]:
+        before, after = self.protocol.request_parts(inp, cls)
+        path, host, port = self._where
+        body_len = len(before) + ID_WIDTH + len(after)
+        head = http.build_head(self.protocol.request_method, path, host, port, body_len)
+        return head + before, after
 
     def __len__(self) -> int:
         return len(self.inputs)
 
     def raw(self, cls: str, index: int, request_id: str) -> bytes:
         head, tail = self._parts[cls][index]
+        return head + request_id.encode() + tail
+
+    def raw_for(self, cls: str, inp: Any, request_id: str) -> bytes:
+        """A request of an input that is in no pool (a conversation's later turn, built
+        from the answer before it), encoded as the pool's are."""
+        head, tail = self._encode(inp, self._classes[cls])
         return head + request_id.encode() + tail
 
     def body(self, cls: str, index: int, request_id: str) -> bytes:

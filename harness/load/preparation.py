@@ -288,6 +288,7 @@ class Preparation:
             timeout_s=load.request_timeout_s,
             # the probe accounts for the CPU on the server's cores: only where they are
             sut_pid=None if self.opts.agent_url else self.sut.pid(),
+            streams=getattr(self.protocol, "streaming", False),
         )
         self.calibration = cal.as_dict()
         self.capacity_rps = cal.capacity_rps

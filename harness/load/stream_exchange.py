@@ -1,7 +1,7 @@
 """One streamed request of a scenario run: read as it arrives, judged, recorded twice.
 
 The load engine (``harness.load.users.Engine``) hands a streaming protocol's request here
-(``--protocol openai``). ``StreamExchange.exchange`` reads the answer event by event
+(``--protocol openai``). ``StreamExchange.exchange_pool`` reads the answer event by event
 (``harness.load.stream_http.exchange_stream``), timed from the request's **intended** send
 time like every other request of the run, and
 
@@ -57,9 +57,7 @@ STALL_S = 30.0
 
 def expectations(inputs: Sequence[Mapping[str, Any]]) -> list[Expectation]:
     """The reference server's answer to each pool input (its oracle)."""
-    from harness.protocols.openai import reference_expectation
-
-    return [Expectation.from_completion(reference_expectation(i["body"])) for i in inputs]
+    return [expectation_of(i["body"]) for i in inputs]
 
 
 def client_aborts_of(scenario: Any) -> ClientAborts | None:
@@ -122,7 +120,7 @@ class StreamExchange:
         ):
             self.recording.tokens[key].dropped(name)
 
-    def exchange(
+    def exchange_pool(
         self,
         conn: http.Connection,
         raw: bytes,
@@ -131,9 +129,34 @@ class StreamExchange:
         stage: str,
         due: float,
         t: float,
-    ) -> tuple[str, int]:
-        """Send ``raw`` on ``conn``, read its stream, record it; (outcome, output tokens)."""
+    ) -> tuple[str, StreamRecord]:
+        """Send pool input ``index`` (``raw``) on ``conn``, read its stream, record it:
+        (outcome, the stream's record; its text starts a conversation's next turn)."""
         expected = self.expected[index] if self.expected is not None else None
+        return self.exchange_request(
+            conn, raw, expected, self.prompt_tokens[index], cls, stage, due, t, index
+        )
+
+    @property
+    def verifying(self) -> bool:
+        """Whether each stream is held to the reference server's oracle."""
+        return self.expected is not None
+
+    def exchange_request(
+        self,
+        conn: http.Connection,
+        raw: bytes,
+        expected: Expectation | None,
+        prompt_tokens: int | None,
+        cls: str,
+        stage: str,
+        due: float,
+        t: float,
+        index: int | None = None,
+    ) -> tuple[str, StreamRecord]:
+        """Send ``raw`` on ``conn``, read its stream, record it: (outcome, the stream's
+        record). ``expected`` and ``prompt_tokens`` are this request's (a conversation's
+        later turn is in no pool); ``index`` names its pool input in integrity details."""
         rec = exchange_stream(
             conn,
             raw,
@@ -141,7 +164,7 @@ class StreamExchange:
             intended_at=due,
             clock=self.clock,
             expected=expected,
-            prompt_tokens=self.prompt_tokens[index],
+            prompt_tokens=prompt_tokens,
             abort_after=None if self._abort_after is None else self._abort_after(stage),
             **self.recorder_options,
         )
@@ -161,4 +184,11 @@ class StreamExchange:
                 )
             else:
                 self.recording.integrity_result("ok")
-        return outcome, rec.output_tokens
+        return outcome, rec
+
+
+def expectation_of(body: Mapping[str, Any]) -> Expectation:
+    """The reference server's answer to one request body (its oracle)."""
+    from harness.protocols.openai import reference_expectation
+
+    return Expectation.from_completion(reference_expectation(body))

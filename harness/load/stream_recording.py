@@ -37,7 +37,7 @@ values together. ``summary()`` is the JSON-able view (counts, p50/p90/p99/max in
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hdrh.histogram import HdrHistogram
@@ -52,6 +52,10 @@ SHED_STATUSES = frozenset({429, 503})
 # the histograms a summary also keeps whole (encoded), so a check counts the values within
 # any bound it is given: TTFT within the SLO, sheds answered quickly
 KEPT_WHOLE = ("ttft", "e2e_rejected")
+# what a problem said (an error body, the event that broke the stream), kept for the
+# first few streams per problem code so a failed check can quote the server's own words
+EXAMPLES_PER_PROBLEM = 2
+EXAMPLE_CHARS = 240
 COUNTERS = (
     "requests",
     "ok",
@@ -77,12 +81,20 @@ def _us(seconds: float) -> int:
 class StreamCell:
     """One class's counters, problem counts and histograms."""
 
-    __slots__ = ("counts", "problems", "hists")
+    __slots__ = ("counts", "problems", "examples", "hists")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.problems: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}  # problem code → its first details
         self.hists: dict[str, HdrHistogram] = {}
+
+    def _keep_examples(self, code: str, details: Iterable[str]) -> None:
+        kept = self.examples.setdefault(code, [])
+        for detail in details:
+            if len(kept) >= EXAMPLES_PER_PROBLEM:
+                return
+            kept.append(detail[:EXAMPLE_CHARS])
 
     def hist(self, name: str) -> HdrHistogram:
         h = self.hists.get(name)
@@ -99,6 +111,8 @@ class StreamCell:
         codes = rec.codes()
         for code in codes:
             self.problems[str(code)] += 1
+        for p in rec.problems:
+            self._keep_examples(str(p.code), (p.detail,))
         if verified:
             counts["verified"] += 1
             if codes & WRONG_ANSWER:
@@ -146,12 +160,15 @@ class StreamCell:
         return {
             "c": dict(self.counts),
             "p": dict(self.problems),
+            "x": self.examples,
             "h": {k: hdr.encode(h) for k, h in self.hists.items() if h.get_total_count()},
         }
 
     def add(self, data: Mapping[str, Any]) -> None:
         self.counts.update(data.get("c") or {})
         self.problems.update(data.get("p") or {})
+        for code, details in (data.get("x") or {}).items():
+            self._keep_examples(code, details)
         for name, text in (data.get("h") or {}).items():
             if text:
                 self.hist(name).add(hdr.decode(text))
@@ -159,6 +176,8 @@ class StreamCell:
     def add_cell(self, other: StreamCell) -> None:
         self.counts.update(other.counts)
         self.problems.update(other.problems)
+        for code, details in other.examples.items():
+            self._keep_examples(code, details)
         for name, h in other.hists.items():
             if h.get_total_count():
                 self.hist(name).add(h)
@@ -170,6 +189,7 @@ class StreamCell:
             "conforming": counts["conforming"],
             "not_conforming": counts["requests"] - counts["conforming"],
             "by_problem": dict(sorted(self.problems.items())),
+            "examples": {k: list(v) for k, v in sorted(self.examples.items())},
         }
         for name in HISTOGRAMS:
             h = self.hists.get(name) or hdr.new_histogram()

@@ -121,6 +121,11 @@ class Engine:
             classes,
             self.protocol,
         )
+        # a multi_turn workload: each pool input is a conversation's first turn, whose
+        # later turns this engine builds and sends (``_converse``)
+        self.conversations = bool(plan.inputs) and all(
+            isinstance(i, dict) and "conversation" in i for i in plan.inputs
+        )
         self._request_method = self.protocol.request_method
         # Locust's name per traffic class, built once: "{request_name} [{class}]"
         self._request_names = {
@@ -220,15 +225,18 @@ class Engine:
         due = self.origin + t
         start = self.clock()
         self.recording.sent(cls, stage, t, (start - due) * 1e6)
+        answer = None
         if self.streams is None:
             outcome, length = self._exchange(raw, index, rid, t)
         else:
-            outcome, length = self._stream(raw, index, cls, stage, t)
+            outcome, length, answer = self._stream(raw, index, cls, stage, t)
         end = self.clock()
         latency_ms = (end - due) * 1000.0
         self.recording.done(cls, stage, t, outcome, latency_ms * 1000.0)
         if self.fire_request is not None:
             self._fire(cls, latency_ms, length, outcome)
+        if self.conversations and outcome == "ok" and answer is not None:
+            self._converse(index, answer, cls)
 
     # -- closed loop ---------------------------------------------------------------
 
@@ -247,11 +255,12 @@ class Engine:
         rec.scheduled(cls, stage.name, t)
         rec.sent(cls, stage.name, t, None)
         start = self.clock()
+        answer = None
         try:
             if self.streams is None:
                 outcome, length = self._exchange(raw, index, rid, t, conn)
             else:
-                outcome, length = self._stream(raw, index, cls, stage.name, t, conn)
+                outcome, length, answer = self._stream(raw, index, cls, stage.name, t, conn)
         except BaseException:
             # Locust killed the user mid-request (stage change, stop): account for it.
             rec.done(cls, stage.name, t, "cancelled", (self.clock() - start) * 1e6)
@@ -260,6 +269,8 @@ class Engine:
         rec.done(cls, stage.name, t, outcome, latency_ms * 1000.0)
         if self.fire_request is not None:
             self._fire(cls, latency_ms, length, outcome)
+        if self.conversations and outcome == "ok" and answer is not None:
+            self._converse(index, answer, cls, conn)
         if outcome == "connection":
             # a refused connection returns at once: don't spin while the server is away
             self.sleep(0.05)
@@ -275,17 +286,73 @@ class Engine:
         stage: str,
         t: float,
         conn: http.Connection | None = None,
-    ) -> tuple[str, int]:
-        """A streaming protocol's request: read as it arrives (``StreamExchange``)."""
+    ) -> tuple[str, int, str]:
+        """A streaming protocol's request: read as it arrives (``StreamExchange``);
+        (outcome, output tokens, the text streamed)."""
         assert self.streams is not None
         own = conn is None
         if own:
             conn = self.conns.acquire()
         try:
-            return self.streams.exchange(conn, raw, index, cls, stage, self.origin + t, t)
+            outcome, rec = self.streams.exchange_pool(
+                conn, raw, index, cls, stage, self.origin + t, t
+            )
         finally:
             if own:
                 self.conns.release(conn)
+        return outcome, rec.output_tokens, rec.text
+
+    def _converse(
+        self, index: int, answer: str, cls: str, conn: http.Connection | None = None
+    ) -> None:
+        """The later turns of pool input ``index``'s conversation, whose first turn was
+        answered ``answer``. Each turn is built from the text streamed for the turn before
+        it and is due as soon as that turn ended (no think time): it is scheduled at that
+        moment, timed from it, and counted in the stage it falls in, as any request is.
+        The conversation ends after a turn that is not ``ok`` (there is no answer to carry
+        on), when the load stops, or at the scenario's end (a turn due then is not sent).
+        ``conn``: the closed-loop user's connection (open loop: the pool's)."""
+        from harness.load.llm_workload import Conversation
+        from harness.load.stream_exchange import expectation_of
+
+        streams = self.streams
+        assert streams is not None
+        spec = self.payloads.inputs[index]["conversation"]
+        conv = Conversation(spec["plan"], spec["index"], self.plan.model, turns=spec["turns"])
+        conv.next_request(None)  # the first turn: the pool input sent before
+        rec = self.recording
+        end_s = self.scenario.duration_s
+        while not conv.done and not self.stopping:
+            t = self.now()
+            if t >= end_s:
+                return
+            stage = self.stage_at(t).name
+            inp = self.protocol.turn_input(conv.next_request(answer))
+            raw = self.payloads.raw_for(cls, inp, make_id(self.plan.slot, next(self._seq)))
+            expected = expectation_of(inp["body"]) if streams.verifying else None
+            due = self.origin + t
+            own = conn is None
+            rec.scheduled(cls, stage, t)
+            # the dispatch lag of an open-loop send (a closed-loop one has none)
+            rec.sent(cls, stage, t, (self.clock() - due) * 1e6 if own else None)
+            c = self.conns.acquire() if own else conn
+            try:
+                outcome, record = streams.exchange_request(
+                    c, raw, expected, inp["prompt_tokens"], cls, stage, due, t
+                )
+            except BaseException:
+                rec.done(cls, stage, t, "cancelled", (self.clock() - due) * 1e6)
+                raise
+            finally:
+                if own:
+                    self.conns.release(c)
+            latency_ms = (self.clock() - due) * 1000.0
+            rec.done(cls, stage, t, outcome, latency_ms * 1000.0)
+            if self.fire_request is not None:
+                self._fire(cls, latency_ms, record.output_tokens, outcome)
+            if outcome != "ok":
+                return
+            answer = record.text
 
     def _exchange(
         self, raw: bytes, index: int, rid: str, t: float, conn: http.Connection | None = None

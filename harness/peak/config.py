@@ -117,16 +117,11 @@ def point_scenario(cfg: PeakConfig, rate: float | None, seconds: float) -> str:
     calibrated capacity, "0.5x"), judged by the steady-state checks at the SLO — or, in
     tokens, a stream of the ``[llm]`` table's default workload judged by llm.ttft_p99 and
     llm.tpot_p99 at the SLOs and llm.goodput at 1 - max_error_rate (each with its own
-    100-request minimum: a plain p99, not MLPerf's early-stopping bound). An LLM server
-    has no capacity probe: ``rate`` must be given."""
+    100-request minimum: a plain p99, not MLPerf's early-stopping bound). In tokens the
+    probe runs streams of that workload (``harness.load.calibrate``, ``streams``)."""
     stage = f'stage = "{POINT_STAGE}"'
     if cfg.in_tokens:
-        if rate is None:
-            raise ConfigError(
-                "a peak search in tokens has no capacity probe to start from: give "
-                "--start-rps (a request rate the server holds, e.g. 2)"
-            )
-        load = 'protocol = "openai"\nmode = "open"\narrival = "poisson"\ncalibrate = false\n'
+        load = 'protocol = "openai"\nmode = "open"\narrival = "poisson"\n'
         checks = (
             f'"llm.ttft_p99" = {{ {stage}, threshold = {cfg.slo_p99_ms:g} }}\n'
             f'"llm.tpot_p99" = {{ {stage}, threshold = {cfg.slo_tpot_ms:g} }}\n'

@@ -38,9 +38,10 @@ MODELS_PATH = "/v1/models"
 # OpenAI-compatible server
 ID_FIELD = "user"
 _MARK = "\x00harness-request-id\x00"
-# workloads a fixed pool of independent requests can hold (multi_turn needs each turn's
-# answer before the next turn's body: not a pool)
-POOL_WORKLOADS = ("synthetic", "shared_prefix", "jsonl")
+# the workloads a scenario sends: a pool of independent requests, or (multi_turn) a pool
+# of conversations, each input its first turn; the load engine sends the later turns,
+# each built from the answer streamed for the turn before (harness.load.users)
+POOL_WORKLOADS = ("synthetic", "shared_prefix", "jsonl", "multi_turn")
 # the [llm] defaults of a scenario that has no [llm] table: short chats a 2-core machine
 # serves at tens of requests per second against the reference server
 DEFAULT_WORKLOAD: Mapping[str, Any] = {
@@ -84,7 +85,7 @@ class OpenAIChat(WireProtocol):
         *,
         workload: Mapping[str, Any] | None = None,
     ) -> Any:
-        from harness.load.llm_workload import config_from_table
+        from harness.load.llm_workload import config_from_table, longest_request
 
         listed = served_models(meta)
         if listed and model not in listed:
@@ -112,6 +113,17 @@ class OpenAIChat(WireProtocol):
                 )
             table[key.strip()] = _scalar(value.strip())
         cfg = config_from_table(table, "--input / [llm]")
+        served = served_max_model_len(meta, model)
+        most = longest_request(cfg) if cfg.workload != "jsonl" else 0
+        if served is not None and most > served:
+            # a request longer than the server's context is a 400 on every try: known now
+            raise ConfigError(
+                f"a request of this [llm] workload can reach {most} tokens (prompt and "
+                f"max_tokens, counted by the harness's tokenizer; the server's may count "
+                f"more), but GET {MODELS_PATH} gives {model!r} a max_model_len of {served}: "
+                "start the server with a longer context, or lower the input / output max "
+                "(--input input=..., --input output=...)"
+            )
         if cfg.workload not in POOL_WORKLOADS or cfg.api != "chat":
             raise ConfigError(
                 f"[llm] workload = {cfg.workload!r}, api = {cfg.api!r}: a scenario sends "
@@ -120,19 +132,37 @@ class OpenAIChat(WireProtocol):
         return {"table": table, "model": model}
 
     def generate_inputs(self, template: Any, count: int, seed: int) -> list[Any]:
-        from harness.load.llm_workload import build_plan, config_from_table, requests_from_plan
+        """The pool: one input per request, or for ``multi_turn`` one per conversation (as
+        many conversations as the pool holds unless the table says): its first turn's
+        request, and under ``conversation`` what builds its later turns (the plan's header,
+        its index and its turns' lengths)."""
+        from harness.load.llm_workload import (
+            build_plan,
+            config_from_table,
+            conversations_from_plan,
+            plan_header,
+            requests_from_plan,
+        )
 
         table = dict(template["table"])
         table.setdefault("requests", count)
         table.setdefault("seed", seed)
+        if table.get("workload") == "multi_turn":
+            table.setdefault("conversations", count)
         plan = build_plan(config_from_table(table, "[llm]"))
+        if plan["workload"] != "multi_turn":
+            return [_input(req) for req in requests_from_plan(plan, template["model"])]
+        header = plan_header(plan)
         out = []
-        for req in requests_from_plan(plan, template["model"]):
-            body = {k: v for k, v in req.body.items() if k not in ("stream", "stream_options")}
-            out.append(
-                {"body": body, "prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens}
-            )
+        for conv in conversations_from_plan(plan, template["model"]):
+            item = _input(conv.next_request(None))
+            item["conversation"] = {"plan": header, "index": conv.index, "turns": conv.turns}
+            out.append(item)
         return out
+
+    def turn_input(self, request: Any) -> dict[str, Any]:
+        """A later turn of a conversation (an ``LlmRequest``) as a pool input is."""
+        return _input(request)
 
     def request_parts(self, inputs: Any, cls: ClassParams) -> tuple[bytes, bytes]:
         body = dict(inputs["body"])
@@ -158,10 +188,32 @@ class OpenAIChat(WireProtocol):
         return None, (record.text,)
 
 
+def _input(request: Any) -> dict[str, Any]:
+    """An ``LlmRequest`` as a pool input: its body without the stream fields (the protocol
+    adds them, with the class's priority and the request id), its token counts."""
+    body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
+    return {
+        "body": body,
+        "prompt_tokens": request.prompt_tokens,
+        "max_tokens": request.max_tokens,
+    }
+
+
 def served_models(meta: Mapping[str, Any] | None) -> list[str]:
     """The model ids a ``GET /v1/models`` answer lists."""
     data = (meta or {}).get("data") if isinstance(meta, Mapping) else None
     return [str(m["id"]) for m in data or [] if isinstance(m, Mapping) and m.get("id")]
+
+
+def served_max_model_len(meta: Mapping[str, Any] | None, model: str) -> int | None:
+    """The context length a ``GET /v1/models`` answer gives ``model`` (vLLM's and the
+    reference server's ``max_model_len``), None when it gives none."""
+    data = (meta or {}).get("data") if isinstance(meta, Mapping) else None
+    for m in data or []:
+        if isinstance(m, Mapping) and m.get("id") == model:
+            value = m.get("max_model_len")
+            return value if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def is_reference_server(meta: Mapping[str, Any] | None) -> bool:

@@ -27,20 +27,25 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def render_all(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[str, Path]:
-    """Write junit.xml, summary.md and report.html for ``doc`` into ``out_dir``."""
+def render_all(
+    doc: Mapping[str, Any], out_dir: str | os.PathLike[str], html: bool = True
+) -> dict[str, Path]:
+    """Write junit.xml, summary.md and (``html``) report.html for ``doc`` into ``out_dir``."""
     # Imported here so that `harness run`/`compare` do not pay matplotlib's import time.
-    from harness.report.html import render_html
     from harness.report.junit import render_junit
     from harness.report.summary import render_summary
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return {
+    written = {
         "junit": _write(out / JUNIT_FILE, render_junit(doc)),
         "summary": _write(out / SUMMARY_FILE, render_summary(doc)),
-        "html": _write(out / HTML_FILE, render_html(doc)),
     }
+    if html:
+        from harness.report.html import render_html
+
+        written["html"] = _write(out / HTML_FILE, render_html(doc))
+    return written
 
 
 def render_dir(directory: str | os.PathLike[str]) -> dict[str, Path]:

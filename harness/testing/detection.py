@@ -150,7 +150,11 @@ def _twins_of(scenario: str) -> list[DetectionCase]:
 
 
 def run_case(
-    case: DetectionCase, out_dir: str, capacity_rps: float | None, cwd: str | None = None
+    case: DetectionCase,
+    out_dir: str,
+    capacity_rps: float | None,
+    cwd: str | None = None,
+    twin_capacity: float | None = None,
 ) -> CaseRun:
     """Run ``harness run`` for ``case`` as a subprocess, bounded by ``case.timeout_s``.
 
@@ -166,7 +170,7 @@ def run_case(
     from pathlib import Path
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    argv = case.harness_argv(out_dir, capacity_rps)
+    argv = case.harness_argv(out_dir, capacity_rps, twin_capacity)
     log = open(Path(out_dir) / "harness.log", "wb")  # noqa: SIM115 — closed in finally
     t0 = time.monotonic()
     proc = subprocess.Popen(

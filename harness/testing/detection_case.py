@@ -55,6 +55,10 @@ class DetectionCase:
     generalisation: bool = False  # a defect shape the checks were not tuned on
     timeout_s: float = 300.0  # hard bound on the harness subprocess
     api: str = "kserve-v2"  # the reference server's --api: "openai" is its LLM server
+    # the healthy case whose run, when this session made one (CI: the quick checklist's),
+    # calibrated the capacity this case then pins: the same offered rates as its twin and no
+    # probe of its own; without that run, the case probes its own (a "1.8x" scenario)
+    capacity_twin: str | None = None
 
     @property
     def intended(self) -> tuple[str, ...]:
@@ -90,8 +94,11 @@ class DetectionCase:
         cmd = " ".join(shlex.quote(p) for p in parts)
         return cmd + " --port {port} --workers {threads}"
 
-    def harness_argv(self, out_dir: str, capacity_rps: float | None) -> list[str]:
-        """``python -m harness run ...`` for this case (the harness starts and stops the SUT)."""
+    def harness_argv(
+        self, out_dir: str, capacity_rps: float | None, twin_capacity: float | None = None
+    ) -> list[str]:
+        """``python -m harness run ...`` for this case (the harness starts and stops the SUT);
+        ``twin_capacity``: the capacity its ``capacity_twin``'s run calibrated, pinned."""
         argv = [sys.executable, "-m", "harness", "run", self.scenario, "--quick"]
         argv += ["--sut-cmd", self.sut_cmd(capacity_rps), "--out", out_dir]
         # up to two more attempts when a run is invalid only because the machine was
@@ -101,6 +108,8 @@ class DetectionCase:
         # load alike, then dispatch lag p99 153 ms), and four other cases' first attempts
         # invalid that day, each valid on its second
         argv += ["--retry-invalid", str(RETRY_INVALID)]
+        # the matrix reads results.json; report.html's plots would cost ~1 s a row
+        argv.append("--no-html-report")
         if self.sut_cores:
             argv += ["--sut-cores", self.sut_cores]
         if self.duration_s is not None:
@@ -109,5 +118,7 @@ class DetectionCase:
             if capacity_rps is None:
                 raise ValueError(f"case {self.name!r} pins the healthy capacity; none measured")
             argv.append(f"--locust-arg=--capacity-rps={capacity_rps * self.pin_scale:.1f}")
+        elif twin_capacity is not None:
+            argv.append(f"--locust-arg=--capacity-rps={twin_capacity!r}")
         argv += [f"--locust-arg={a}" for a in self.locust_args]
         return argv

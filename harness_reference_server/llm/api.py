@@ -62,6 +62,7 @@ class LLMState:
         self.timings = TimingLog(config.timings_keep) if config.record_timings else None
         self.rng = random.Random(config.seed)  # error-in-200's draws
         self.streams = 0  # stream-stall: every tenth stream
+        self.leaked: list[bytes] = []  # leak-memory: what every answered stream left
         self.ready = False
         self.draining = False
         self.in_flight = 0

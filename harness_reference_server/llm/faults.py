@@ -29,6 +29,8 @@ it; the last three are measurement traps that test the harness, not the server.
   good; ``vllm:kv_cache_usage_perc`` ratchets up until the server stops admitting.
 - ``cross-stream:P``: in a step that emits several tokens, with probability P two
   streams' tokens are swapped.
+- ``leak-memory:BYTES``: every stream answered keeps BYTES of memory for good (a
+  per-request cache never evicted): RSS grows with the requests served.
 - ``role-prelude-early`` (trap): a chat stream's role chunk is sent when the request is
   accepted, before the prefill, as a client that times the first chunk reads TTFT ~0.
 - ``coalesce:N`` (trap): N tokens per event (vLLM's ``stream_interval``).
@@ -74,6 +76,10 @@ LLM_FAULTS: tuple[Fault, ...] = (
     number_fault(
         "cross-stream", "cross_stream_p", "P", "0.05", float, 0.0, 1.0, "P with 0 <= P <= 1",
         _ENGINE, "two streams' tokens swapped in a step",
+    ),
+    number_fault(
+        "leak-memory", "leak_memory_bytes", "BYTES", "10000", int, 1, None, "BYTES >= 1",
+        _STREAM, "every stream answered keeps BYTES for good",
     ),
     switch_fault("role-prelude-early", "role_prelude_early", _STREAM, "trap: role chunk at accept"),
     number_fault(

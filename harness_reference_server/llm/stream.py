@@ -186,6 +186,10 @@ class StreamWriter:
         # "interrupted" (truncate-on-arrival): nothing but [DONE]
         out += b"data: [DONE]" + self.sep
         await self.send({"type": "http.response.body", "body": out, "more_body": False})
+        leak = self.state.config.faults.leak_memory_bytes
+        if leak is not None:
+            # non-zero bytes: pages that are written count in RSS
+            self.state.leaked.append(b"\x5a" * leak)
         seq = self.seq
         if seq.timings is not None:
             seq.timings.finished(reason, len(seq.output), seq.preemptions)

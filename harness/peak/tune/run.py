@@ -462,13 +462,14 @@ def run_tune(
     elif summary.get("recommended_cmd"):
         show(f"tune: quick checklist on {summary['recommended']} …")
         try:
-            summary["checklist"] = verdict.run_checklist(
+            argv = verdict.checklist_argv(
                 summary["recommended_cmd"],
                 out_dir / "checklist",
                 tc.sut_cores,
                 tc.protocol,
                 tc.model,
             )
+            summary["checklist"] = verdict.run_checklist(argv, out_dir / "checklist")
         except KeyboardInterrupt:
             summary["checklist"] = {
                 "exit_code": int(ExitCode.INTERRUPTED),

@@ -57,18 +57,11 @@ def checklist_argv(
     return argv
 
 
-def run_checklist(
-    cmd: str,
-    out_dir: Path,
-    sut_cores: str | None,
-    protocol: str | None = None,
-    model: str | None = None,
-) -> dict[str, Any]:
-    """``harness acceptance --quick`` on the recommended configuration, as a subprocess
-    (its own exit code and reports in ``out_dir``)."""
+def run_checklist(argv: list[str], out_dir: Path) -> dict[str, Any]:
+    """Run ``argv`` (``checklist_argv``) as a subprocess: its own exit code and reports in
+    ``out_dir``, kept as ``checklist_result`` reads them."""
     import subprocess
 
-    argv = checklist_argv(cmd, out_dir, sut_cores, protocol, model)
     proc = subprocess.run(argv, capture_output=True, text=True)
     return checklist_result(proc.returncode, proc.stdout, proc.stderr, out_dir)
 
