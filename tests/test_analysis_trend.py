@@ -153,3 +153,35 @@ def test_fd_leak_survives_a_burst_of_short_lived_connections() -> None:
     fds[70:72] += 150  # a 2 s burst of keep-alive connections in the middle third
     r = leak_test(t, fds, TrendParams(slope_threshold=0.5), variant="count")
     assert r.verdict == "LEAK", r.reasons
+
+
+def _staircase(t: np.ndarray, gap_s: float, phase_s: float) -> np.ndarray:
+    """One unit every ``gap_s`` seconds from ``phase_s``: a thread or fd left behind every
+    N requests at a steady rate."""
+    return 40 + np.floor((t - phase_s) / gap_s).clip(-1) + 1
+
+
+@pytest.mark.parametrize("per_min", [16, 20])
+def test_the_quick_rows_count_leaks_are_leaks_wherever_their_steps_fall(per_min: int) -> None:
+    # the detection matrix's 30 s soak rows (16 threads/min, 20 fds/min) leave ~20 s of
+    # 1 s samples after the warm-up: a staircase of 5-7 steps, confirmed at every phase
+    params = TrendParams(slope_threshold=0.5)
+    gap = 60.0 / per_min
+    for n in (23, 27, 30):
+        t = np.arange(0, n, 1.0)
+        for phase in np.arange(0.0, gap, 0.25):
+            r = leak_test(t, _staircase(t, gap, phase), params, variant="count")
+            assert r.verdict == "LEAK", (n, phase, r.reasons)
+
+
+def test_a_few_units_of_leak_say_rerun_longer_never_pass() -> None:
+    # 10 fds/min over 27 s is ~3 steps: where they fall decides whether the halves show
+    # sustained growth; short of that the verdict is INCONCLUSIVE (a quick run's skip)
+    params = TrendParams(slope_threshold=0.5)
+    t = np.arange(0, 27, 1.0)
+    verdicts = {
+        leak_test(t, _staircase(t, gap, phase), params, variant="count").verdict
+        for gap in (5.7, 6.0, 6.5)
+        for phase in np.arange(0.0, gap, 0.25)
+    }
+    assert verdicts == {"LEAK", "INCONCLUSIVE"}
