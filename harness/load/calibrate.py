@@ -16,7 +16,9 @@ server, no think time. Every user sends at least one exchange after its first wh
 stream, so a probe shorter than a stream still measures one a user after the cold one;
 and a user that has measured keeps sending, uncounted, until every user has, so that no
 stream is measured in a server emptier than the probe's (those still running then are cut
-off, as a client that hangs up).
+off, as a client that hangs up). A stream is ok when the protocol reads a whole answer
+from it (a finish reason and the end marker, no error event): a 200 cut short or
+carrying an error is an error here, as it is to the load's checks.
 
 The probe runs before the sampler starts, so it accounts for its own window
 (``harness.collectors.system.ForeignMeter``, read at the end of the warm-up and at the
@@ -41,6 +43,7 @@ from harness.collectors.system import ForeignMeter
 from harness.errors import TargetUnavailable
 from harness.load import http
 from harness.load.payloads import PayloadPool, make_id
+from harness.protocols import BadResponse
 from harness.results import hdr
 
 CALIBRATION_SLOT = 0xFFFF  # ids of probe requests never collide with a worker's
@@ -61,6 +64,16 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _whole(pool: PayloadPool, body: bytes) -> bool:
+    """Whether the protocol reads a whole answer from a 200's body: for a token stream, a
+    finish reason and the end marker, no error event (``parse_answer``)."""
+    try:
+        pool.parse_answer(body)
+    except BadResponse:
+        return False
+    return True
 
 
 def calibrate(
@@ -118,10 +131,12 @@ def calibrate(
                 n = next(seq)
                 raw = pool.raw(cls, n % len(pool), make_id(CALIBRATION_SLOT, n))
                 try:
-                    status, _ = conn.exchange(raw, timeout_s)
+                    status, body = conn.exchange(raw, timeout_s)
                 except (http.RequestTimeout, http.ConnectionFailed):
                     status = 0
                 t1 = clock()
+                if streams and status == 200 and not _whole(pool, body):
+                    status = -1  # a 200 whose stream is not a whole answer: an error
                 if status == 0:
                     gevent.sleep(0.01)  # don't spin on a refused connection
                 if done:
