@@ -158,11 +158,35 @@ def test_the_low_class_may_absorb_the_overload_by_being_shed() -> None:
 def test_the_check_fails_a_high_class_that_waits_behind_the_low_one() -> None:
     c = _judge(_tokens([_stream(0.12)] * 55 + [_stream(8.0)] * 5, [_stream(0.2)] * 240))
     assert c.passed is False and c.value == pytest.approx(8000, rel=0.01)
+    assert "waited longer than class 'low' p99 200 ms" in c.detail
     assert "does not order its queue by priority" in c.detail
     # refused or timed-out high requests are over the SLO, whatever the successes' p99
     refused = _tokens([_stream(0.12)] * 57 + [_stream(0, status=429)] * 3, [_stream(6.0)] * 240)
     c = _judge(refused)
     assert c.passed is False and c.value == float("inf") and "3 of 60" in c.detail
+    assert "fewer than class 'low' (0.0%)" not in c.detail
+    assert "at least as often as class 'low' (0.0%)" in c.detail
+
+
+def test_the_failure_says_where_the_high_class_waited() -> None:
+    """The low class's TTFT beside the high one's tells an order that was not applied
+    where the wait was from an order that was, but not enough."""
+    # vLLM at 1.5x its capacity in short streams: both classes waited in its API front
+    # end, before the engine's queue its priority orders (docs/servers.md)
+    alike = _judge(_tokens([_stream(2.5)] * 60, [_stream(2.75)] * 240))
+    assert alike.passed is False
+    assert "both classes waited alike (class 'low' p99 2,750 ms)" in alike.detail
+    assert "in front of the queue it orders" in alike.detail
+    ordered = _judge(_tokens([_stream(2.5)] * 60, [_stream(14.0)] * 240))
+    assert ordered.passed is False
+    assert "waited less than class 'low' p99 14,000 ms, but past its SLO" in ordered.detail
+    # the high class refused less than the low one, still over the 1 % a p99 leaves
+    shed = _tokens(
+        [_stream(0.12)] * 57 + [_stream(0, status=429)] * 3,
+        [_stream(0.3)] * 120 + [_stream(0, status=429)] * 120,
+    )
+    c = _judge(shed)
+    assert c.passed is False and "fewer than class 'low' (50.0%)" in c.detail
 
 
 def test_the_check_is_not_judged_when_nothing_was_overloaded_or_measured() -> None:

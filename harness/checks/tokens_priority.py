@@ -72,6 +72,70 @@ def _absorbed(
     return None
 
 
+def _slowest_other(
+    cells: Mapping[str, Mapping[str, Any]], cls: str
+) -> tuple[str, float, float] | None:
+    """(name, TTFT p99 ms, failed-or-dropped share) of the other class that fared worst."""
+    worst: tuple[str, float, float] | None = None
+    for name, cell in sorted(cells.items()):
+        if name == cls:
+            continue
+        bad, total = _bad_total(cell)
+        p99 = float((cell.get("ttft_ms") or {}).get("p99_ms") or 0.0)
+        figures = (name, p99, bad / total if total else 0.0)
+        if worst is None or (figures[2], figures[1]) > (worst[2], worst[1]):
+            worst = figures
+    return worst
+
+
+def _wait_cause(cells: Mapping[str, Mapping[str, Any]], cls: str, p99: float) -> str:
+    """Where the high class's wait was, as the other classes' TTFT tells it: behind them
+    (inverted), beside them (priority not applied where the wait was), or ahead of them
+    but still too long (ordered, but not enough)."""
+    other = _slowest_other(cells, cls)
+    if other is None or other[1] <= 0:
+        return " — nothing to compare it with: no other class's first tokens were recorded"
+    name, low_p99, _ = other
+    versus = f"class '{name}' p99 {fmt(low_p99)} ms"
+    if p99 > 2.0 * low_p99:
+        return (
+            f" — the high class waited longer than {versus}: the server does not order its "
+            "queue by priority, or reads the priority's sign the other way"
+        )
+    if p99 >= 0.5 * low_p99:
+        return (
+            f" — both classes waited alike ({versus}): priority was not applied where the "
+            "wait was — the server does not order its queue by priority, or the wait is in "
+            "front of the queue it orders (an API front end or tokenizer sharing the "
+            "engine's CPU)"
+        )
+    return (
+        f" — the high class waited less than {versus}, but past its SLO: priority orders "
+        "the queue, yet a high request still waits for slots held by running "
+        "lower-priority streams (no preemption), or the high class's own rate is more "
+        "than the server serves within the SLO"
+    )
+
+
+def _refusal_cause(cells: Mapping[str, Mapping[str, Any]], cls: str, share: float) -> str:
+    """Why the high class was refused, as the other classes' refusals tell it."""
+    other = _slowest_other(cells, cls)
+    if other is None:
+        return ""
+    name, _, low_share = other
+    if share >= low_share:
+        return (
+            f" — refused or timed out at least as often as class '{name}' "
+            f"({low_share:.1%}): the server sheds load without regard to priority, or "
+            "refuses the high class when its queue is full of lower-priority requests"
+        )
+    return (
+        f" — fewer than class '{name}' ({low_share:.1%}), but more than the 1 %: the "
+        "server sheds lower-priority requests first, yet not enough of them to admit the "
+        "high class"
+    )
+
+
 @implements("llm.priority_ttft_p99")
 def priority_ttft_p99(result: Mapping[str, Any], r: Result) -> Check:
     cells, where = _class_cells(result, str(r.params["stage"]))
@@ -89,18 +153,13 @@ def priority_ttft_p99(result: Mapping[str, Any], r: Result) -> Check:
     n = int(h.get("count") or 0)
     p99 = float(h.get("p99_ms") or 0.0)
     least = int(r.params["min_requests"])
-    advice = (
-        " — the high class waits behind the low one: the server does not order its queue "
-        "by priority (or reads the priority's sign the other way), or refuses the high "
-        "class when its queue is full of low-priority requests"
-    )
     if total >= least and bad / total > 0.01:
         return r.judged(
             float("inf"),
             False,
             f"class '{cls}' TTFT p99 in {where} is a failure: {bad} of {total} requests "
             f"failed or were dropped ({bad / total:.2%}), more than the 1 % a p99 leaves "
-            f"(the successes' p99 {fmt(p99)} ms)" + advice,
+            f"(the successes' p99 {fmt(p99)} ms)" + _refusal_cause(cells, cls, bad / total),
             n=total,
         )
     if n < least:
@@ -116,7 +175,7 @@ def priority_ttft_p99(result: Mapping[str, Any], r: Result) -> Check:
         f"{'≤' if ok else '>'} {fmt(bound)} ms"
     )
     if not ok:
-        return r.judged(round(p99, 3), False, detail + advice, n=n)
+        return r.judged(round(p99, 3), False, detail + _wait_cause(cells, cls, p99), n=n)
     why = _absorbed(cells, cls, bound, float(r.params["min_other_reject_rate"]))
     if why is None:
         return r.skipped(
