@@ -316,3 +316,27 @@ def test_batch_size_and_input_data_reach_every_locust_run(tmp_path, monkeypatch)
     for bad in (["--batch-size", "0"], ["--input-data", "missing.json"]):
         with pytest.raises(SystemExit):
             parser.parse_args(["run", "steady_state", *bad])  # the plugin's types
+
+
+def test_the_sampler_command_starts_without_the_load_and_report_machinery():
+    """``harness sample`` is the run's sampler, started 0.3 s before the load's t = 0: its
+    command line builds its own parser only, so its first read comes before the load's
+    first request (with every command's imports it came ~0.1-0.3 s after it)."""
+    probe = (
+        "import sys; from harness.cli import build_parser; "
+        "build_parser('sample').parse_args(['sample', '--pid', '1', '--out', 'x']); "
+        "import harness.collectors.runner; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('locust', 'scipy', 'matplotlib') or m.startswith(('harness.load', "
+        "'harness.peak', 'harness.report', 'harness.locust_run')))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "", out
+    # the whole parser still lists every command
+    full = subprocess.run(
+        [sys.executable, "-m", "harness", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    for name in ("acceptance", "run", "sample", "peak", "tune", "agent", "report"):
+        assert re.search(rf"^\s+{re.escape(name)}\s", full, re.M), (name, full)

@@ -3,43 +3,50 @@
 One module per command family; each subcommand is a pair: ``add_<name>(subparsers)``
 declares its options and sets ``handler``; the handler takes the parsed namespace and
 returns an exit code. To add a subcommand, write the pair in its family's module and list
-the ``add_`` function in ``SUBCOMMANDS``. What several commands share (the parser, the
-argument types, the options and their checks) is ``common``. Library code below the CLI
-gets typed plans and configs (``harness.acceptance.PlanRequest``, ``PeakConfig``, …),
-never the namespace.
+it in ``SUBCOMMANDS`` (its name, module and ``add_`` function). What several commands
+share (the parser, the argument types, the options and their checks) is ``common``.
+Library code below the CLI gets typed plans and configs (``harness.acceptance.PlanRequest``,
+``PeakConfig``, …), never the namespace.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-from harness.cli.agent import add_agent
 from harness.cli.common import Parser, Subparsers
-from harness.cli.peak import add_peak, add_tune
-from harness.cli.results import add_compare, add_judge, add_report
-from harness.cli.run import add_acceptance, add_locust_options, add_run, add_where
-from harness.cli.sample import add_sample
 from harness.errors import ExitCode, HarnessError
 
-SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    add_acceptance,
-    add_run,
-    add_locust_options,
-    add_where,
-    add_sample,
-    add_report,
-    add_judge,
-    add_compare,
-    add_agent,
-    add_peak,
-    add_tune,
+# (subcommand, module, its add_ function), in the order ``harness --help`` lists them. The
+# modules are imported when their parser is built: a command line naming one subcommand
+# builds only that one, so ``harness sample`` (the run's sampler, started 0.3 s before
+# the load's t = 0) does not import the load, peak and report machinery before its first
+# read (docs/performance.md, "A run's fixed cost").
+SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("acceptance", "harness.cli.run", "add_acceptance"),
+    ("run", "harness.cli.run", "add_run"),
+    ("locust-options", "harness.cli.run", "add_locust_options"),
+    ("where", "harness.cli.run", "add_where"),
+    ("sample", "harness.cli.sample", "add_sample"),
+    ("report", "harness.cli.results", "add_report"),
+    ("judge", "harness.cli.results", "add_judge"),
+    ("compare", "harness.cli.results", "add_compare"),
+    ("agent", "harness.cli.agent", "add_agent"),
+    ("peak", "harness.cli.peak", "add_peak"),
+    ("tune", "harness.cli.peak", "add_tune"),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _adder(module: str, function: str) -> Callable[[Subparsers], None]:
+    adder: Callable[[Subparsers], None] = getattr(importlib.import_module(module), function)
+    return adder
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``harness`` parser: every subcommand, or only the one named ``only``."""
     parser = Parser(
         prog="harness",
         description="Load-testing and chaos harness for ML inference servers.",
@@ -49,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for add in SUBCOMMANDS:
-        add(sub)
+    for name, module, function in SUBCOMMANDS:
+        if only is None or name == only:
+            _adder(module, function)(sub)
     return parser
 
 
@@ -62,7 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     reaped when its handler returns), the process ends here with that code, its output
     flushed, without Python's finalisation (freeing numpy, scipy and matplotlib: about
     0.25 s of every run)."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    first = words[0] if words else None
+    only = first if any(first == name for name, _, _ in SUBCOMMANDS) else None
+    args = build_parser(only).parse_args(argv)
     code = _handle(args)
     if argv is None and getattr(args, "exit_at_end", False):
         sys.stdout.flush()
