@@ -21,10 +21,10 @@ from harness.cli.common import Parser, Subparsers
 from harness.errors import ExitCode, HarnessError
 
 # (subcommand, module, its add_ function), in the order ``harness --help`` lists them. The
-# modules are imported when their parser is built: a command line naming one subcommand
-# builds only that one, so ``harness sample`` (the run's sampler, started 0.3 s before
-# the load's t = 0) does not import the load, peak and report machinery before its first
-# read (docs/performance.md, "A run's fixed cost").
+# modules are imported when the parser is built; ``harness sample`` (the run's sampler,
+# started 0.3 s before the load's t = 0) builds only its own, so it does not import the
+# load, peak and report machinery before its first read (docs/performance.md, "A run's
+# fixed cost").
 SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("acceptance", "harness.cli.run", "add_acceptance"),
     ("run", "harness.cli.run", "add_run"),
@@ -37,6 +37,15 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("agent", "harness.cli.agent", "add_agent"),
     ("peak", "harness.cli.peak", "add_peak"),
     ("tune", "harness.cli.peak", "add_tune"),
+)
+
+
+_IMPORT_ORDER = (
+    "harness.cli.agent",
+    "harness.cli.peak",
+    "harness.cli.results",
+    "harness.cli.run",
+    "harness.cli.sample",
 )
 
 
@@ -56,6 +65,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
+    if only is None:
+        # every command's module, imported in the order they always were: their imports
+        # (Locust's gevent patching among them) shape the process the commands run in
+        for module in _IMPORT_ORDER:
+            importlib.import_module(module)
     for name, module, function in SUBCOMMANDS:
         if only is None or name == only:
             _adder(module, function)(sub)
@@ -72,7 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     0.25 s of every run)."""
     words = sys.argv[1:] if argv is None else list(argv)
     first = words[0] if words else None
-    only = first if any(first == name for name, _, _ in SUBCOMMANDS) else None
+    # the sampler alone builds only its own parser: a process of its own, whose first
+    # read must come before the load's t = 0; every other command runs in the process
+    # every command's imports make
+    only = "sample" if first == "sample" else None
     args = build_parser(only).parse_args(argv)
     code = _handle(args)
     if argv is None and getattr(args, "exit_at_end", False):
