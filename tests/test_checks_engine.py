@@ -140,6 +140,26 @@ def test_validity_dispatch_lag_is_relative_to_the_scenarios_slo() -> None:
     assert "dispatch lag p99 150.0 ms > 100.0 ms" in reason
 
 
+def test_a_spikes_dispatch_lag_is_relative_to_its_ttft_and_refusal_bounds() -> None:
+    """llm.overload times a spike's first tokens (ttft_ms) and its 429/503s (reject_ms)
+    from the intended send: the tighter of the two sets the lag allowed, not the 200 ms
+    default of a scenario that judges no latency."""
+    lag = hdr([1000] * 980 + [40_000] * 20)  # p99 40 ms: over 10 % of 200 ms
+    spike = good_steady(dispatch_lag_hdr=lag)
+    spike["check_config"] = {"llm.overload": {"stage": "steady"}}
+    assert validity(spike) == []  # reject_ms 1,000 ms → 100 ms allowed
+    spike["check_config"]["llm.overload"]["reject_ms"] = 300  # → 30 ms allowed
+    (reason,) = validity(spike)
+    assert "dispatch lag p99 40.0 ms > 30.0 ms" in reason
+    spike["check_config"]["llm.overload"] = {"stage": "steady", "ttft_ms": 250}  # → 25 ms
+    (reason,) = validity(spike)
+    assert "dispatch lag p99 40.0 ms > 25.0 ms" in reason
+    # a scenario with no latency bound keeps the default
+    spike["check_config"] = {"llm.goodput": {"stage": "steady"}}
+    (reason,) = validity(spike)
+    assert "dispatch lag p99 40.0 ms > 20.0 ms" in reason
+
+
 def test_validity_margins_report_how_close_a_run_came() -> None:
     from harness.checks.engine import validity_margins
 

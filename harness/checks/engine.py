@@ -20,15 +20,17 @@ from harness.errors import ConfigError, ResultFormatError
 ALWAYS: tuple[str, ...] = CATALOG.always
 # Added by judge_scenario when the server died or could not be reached (a failure).
 RUN_COMPLETED = "run.completed"
-# The checks whose threshold is the latency SLO that dispatch lag is measured against: a
-# request sent late is timed late from its intended send time. For a token stream that is
-# its TTFT (TPOT is measured within the stream: a late send does not move it).
-SLO_CHECKS: tuple[str, ...] = (
-    "steady.p99_ms",
-    "priority.high_p99_ms",
-    "llm.ttft_p99",
-    "llm.priority_ttft_p99",
-)
+# The latency bounds that dispatch lag is measured against, by check: each is timed from
+# the request's intended send time, so a request sent late is judged late. For a token
+# stream that is its TTFT (TPOT is measured within the stream: a late send does not move
+# it); ``llm.overload`` bounds a spike's first tokens and its refusals, each timed so.
+SLO_PARAMS: Mapping[str, tuple[str, ...]] = {
+    "steady.p99_ms": ("threshold",),
+    "priority.high_p99_ms": ("threshold",),
+    "llm.ttft_p99": ("threshold",),
+    "llm.priority_ttft_p99": ("threshold",),
+    "llm.overload": ("ttft_ms", "reject_ms"),
+}
 
 
 def evaluate(
@@ -131,12 +133,14 @@ def accepted_skips(
 
 
 def _slo_ms(result: Mapping[str, Any], overrides: Mapping[str, Any], default: float) -> float:
-    """The tightest latency SLO the scenario judges (dispatch lag is relative to it)."""
+    """The tightest latency bound the scenario judges (``SLO_PARAMS``; dispatch lag is
+    relative to it)."""
     config = result.get("check_config") or {}
     slos = [
-        float(resolve_params(cid, config.get(cid), overrides.get(cid))["threshold"])
-        for cid in SLO_CHECKS
+        float(resolve_params(cid, config.get(cid), overrides.get(cid))[name])
+        for cid, names in SLO_PARAMS.items()
         if cid in config
+        for name in names
     ]
     return min(slos) if slos else default
 

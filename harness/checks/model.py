@@ -131,7 +131,7 @@ class ValidityParams:
     loadgen_max_pct: float = 90.0  # Locust's own warning level
     loadgen_sustain_s: float = 5.0  # a single hot tick is not saturation
     lag_max_fraction: float = 0.1  # dispatch lag p99 vs the SLO
-    default_slo_ms: float = 200.0  # when the scenario judges no p99
+    default_slo_ms: float = 200.0  # when the scenario judges no latency bound (engine.SLO_PARAMS)
     max_missed_frac: float = 0.05
     max_gap_intervals: float = 5.0
     min_coverage: float = 0.9  # the sampler's first..last sample against the run
