@@ -61,6 +61,16 @@ def core_split(sut_cores: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]
     return None if split.shared else (split.sut, split.loadgen)
 
 
+def attached_core_split(sut_pid: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(server's cores, generator's cores) beside a server the harness attaches to on this
+    host (``--target --sut-pid``): the generator runs on the cores the server's affinity
+    leaves free, as beside a server it starts. None when there are none (a server that
+    may run on every core shares them with the generator: nothing pinned, and where each
+    lands is the scheduler's choice, run by run) or the pid is not on this host."""
+    split = sut.attached_split(sut_pid)
+    return None if split is None or split.shared else (split.sut, split.loadgen)
+
+
 def check_target_url(url: str) -> None:
     """``--target``: an http:// or https:// URL (ConfigError naming the fix)."""
     if not url.startswith(("http://", "https://")):

@@ -62,11 +62,15 @@ def _free_port() -> int:
 def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     port = _free_port()
     log = tmp_path_factory.mktemp("kserve") / "server.log"
+    # on a core of its own, as the tutorial starts it: the harness keeps its generator on
+    # the others
+    core = max(os.sched_getaffinity(0))
     proc = subprocess.Popen(
         [KSERVE_PY, str(SERVER), "--http_port", str(port), "--model_name", MODEL],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         cwd=REPO,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -80,8 +84,10 @@ def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
 # runs after it
 _PINNED: dict[str, float] = {}
 
-# the integrity run's high stage, as a multiple of the probed capacity (module docstring)
-HIGH_RATE = "0.7x"
+# the integrity run's high stage, as a multiple of the probed capacity (module docstring):
+# the probe's run-to-run spread on this server is 639-1,177 req/s, and half the highest is
+# below the lowest (docs/servers.md)
+HIGH_RATE = "0.5x"
 SHIPPED_HIGH_RATE = 'rate = "0.9x"'
 
 

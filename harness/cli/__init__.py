@@ -66,8 +66,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     if only is None:
-        # every command's module, imported in the order they always were: their imports
-        # (Locust's gevent patching among them) shape the process the commands run in
+        # every command's module, imported in the order they always were (Locust's gevent
+        # patching among them), so the other commands run in the process they were
+        # measured in; importing only its own changed no capacity probe (docs/performance.md)
         for module in _IMPORT_ORDER:
             importlib.import_module(module)
     for name, module, function in SUBCOMMANDS:

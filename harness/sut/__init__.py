@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from harness.sut.attached import AttachedSut, attach
 from harness.sut.command import check_command
-from harness.sut.cores import CoreSplit, available_cores, choose_cores, parse_cores, split_cores
+from harness.sut.cores import (
+    CoreSplit,
+    attached_split,
+    available_cores,
+    choose_cores,
+    parse_cores,
+    split_cores,
+)
 from harness.sut.host import (
     free_port,
     listener_pid,
@@ -35,6 +42,7 @@ __all__ = [
     "CoreSplit",
     "SutProcess",
     "attach",
+    "attached_split",
     "check_command",
     "available_cores",
     "choose_cores",

@@ -60,6 +60,19 @@ def split_cores(given: str | None, available: Sequence[int] | None = None) -> Co
     return CoreSplit(sut=sut_cores, loadgen=rest or cores)
 
 
+def attached_split(sut_pid: int, available: Sequence[int] | None = None) -> CoreSplit | None:
+    """A running server's cores on this host (its affinity) and the generator's: the
+    ``available`` cores its affinity leaves free, or every available core when it leaves
+    none (``shared``). None when its affinity cannot be read (no such process here)."""
+    try:
+        server = tuple(sorted(os.sched_getaffinity(sut_pid)))
+    except OSError:
+        return None
+    cores = tuple(sorted(available if available is not None else available_cores()))
+    rest = tuple(c for c in cores if c not in server)
+    return CoreSplit(sut=server, loadgen=rest or cores)
+
+
 def parse_cores(text: str) -> tuple[int, ...]:
     """``"0,2-3"`` → ``(0, 2, 3)`` (taskset -c syntax)."""
     out: set[int] = set()
