@@ -101,6 +101,43 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_vllm_server.py")
 
 
+# seconds per test (set-up, call and tear-down summed), for the ledger at the end
+_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + float(report.duration or 0.0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Where the session's time went, by test file, with the background installs' own
+    figures: printed last, so the end of CI's log holds it (``--durations`` lists tests,
+    longest first, above the summary)."""
+    if XDIST_WORKER or not _SPENT:
+        return
+    by_file: dict[str, list[float]] = {}
+    for nodeid, spent in _SPENT.items():
+        by_file.setdefault(nodeid.split("::")[0], []).append(spent)
+    total = sum(_SPENT.values())
+    tr = terminalreporter
+    tr.section("where the time went", sep="-")
+    tr.write_line(f"{len(_SPENT)} tests, {total:.0f} s in all; by file, the longest first:")
+    ranked = sorted(by_file.items(), key=lambda kv: -sum(kv[1]))
+    for path, times in ranked[:12]:
+        tr.write_line(f"  {sum(times):7.1f} s  {len(times):3d} tests  {path}")
+    rest = ranked[12:]
+    if rest:
+        rest_s = sum(sum(t) for _, t in rest)
+        tr.write_line(
+            f"  {rest_s:7.1f} s  {sum(len(t) for _, t in rest):3d} tests  {len(rest)} other files"
+        )
+    for var in ("HARNESS_CI_SETUP_DONE", "HARNESS_VLLM_SETUP_DONE"):
+        done = os.environ.get(var)
+        if done and os.path.exists(done):
+            tr.write_line(f"  {var}: {Path(done).read_text().strip()}")
+
+
 _VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
 
 
