@@ -119,11 +119,14 @@ def test_a_stream_probe_counts_only_whole_streams(whole: bool) -> None:
             )  # fmt: skip
             assert cal.errors == 0 and cal.ok >= 2
         else:
-            with pytest.raises(Exception, match="no successful answer"):
+            with pytest.raises(Exception, match="no successful answer") as failed:
                 calibrate.calibrate(
                     pool, "127.0.0.1", port, "default", users=2, duration_s=0.2,
                     timeout_s=1.0, streams=True,
                 )  # fmt: skip
+            # what came instead is named: streams under a 200 that were not whole
+            assert "200s whose stream was not whole" in str(failed.value)
+            assert "whole answers" not in str(failed.value).replace("not whole", "")
     finally:
         srv.shutdown()
         srv.server_close()

@@ -31,6 +31,7 @@ not pinned for later scenarios.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -47,6 +48,13 @@ from harness.protocols import BadResponse
 from harness.results import hdr
 
 CALIBRATION_SLOT = 0xFFFF  # ids of probe requests never collide with a worker's
+# what a probe's answer was, by status (-1: a 200 whose stream is not a whole answer)
+_OUTCOME = {
+    200: "whole answers",
+    0: "no answer (refused, reset or timed out)",
+    -1: "200s whose stream was not whole (no finish reason or end marker, or an error "
+    "event: a stream cut short, as by a server that ends one when another arrives)",
+}
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,9 @@ def calibrate(
     seq = iter(range(1 << 40))
 
     finished = [0]  # streams: users that have measured what they will
+    # every answer of the probe by what it was (measured or not): what a probe that got no
+    # successful answer says it got instead
+    outcomes: Counter[str] = Counter()
     all_finished = gevent.event.Event()
 
     def user() -> None:
@@ -137,6 +148,7 @@ def calibrate(
                 t1 = clock()
                 if streams and status == 200 and not _whole(pool, body):
                     status = -1  # a 200 whose stream is not a whole answer: an error
+                outcomes[_OUTCOME.get(status, f"HTTP {status}")] += 1
                 if status == 0:
                     gevent.sleep(0.01)  # don't spin on a refused connection
                 if done:
@@ -184,9 +196,10 @@ def calibrate(
     cpu = meter.stop() if metering.successful() else None
     measured = max(1e-9, last_done[0] - measure_from)
     if counts["ok"] == 0:
+        got = ", ".join(f"{what} {n}" for what, n in outcomes.most_common()) or "none"
         raise TargetUnavailable(
-            f"capacity calibration got no successful answer in {duration_s:g} s "
-            f"({counts['errors']} errors from {users} users); check the server, or write "
+            f"capacity calibration got no successful answer in {duration_s:g} s from "
+            f"{users} users (what came instead: {got}); check the server, or write "
             f"absolute rates (req/s) or load.capacity_rps in the scenario"
         )
     pct = hdr.summary_ms(hist)
