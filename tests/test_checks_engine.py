@@ -142,8 +142,8 @@ def test_validity_dispatch_lag_is_relative_to_the_scenarios_slo() -> None:
 
 def test_a_spikes_dispatch_lag_is_relative_to_its_ttft_and_refusal_bounds() -> None:
     """llm.overload times a spike's first tokens (ttft_ms) and its 429/503s (reject_ms)
-    from the intended send: the tighter of the two sets the lag allowed, not the 200 ms
-    default of a scenario that judges no latency."""
+    from the intended send, and spike.fail_fast the median 503/429 time: the tightest
+    sets the lag allowed, not the 200 ms default of a scenario that judges no latency."""
     lag = hdr([1000] * 980 + [40_000] * 20)  # p99 40 ms: over 10 % of 200 ms
     spike = good_steady(dispatch_lag_hdr=lag)
     spike["check_config"] = {"llm.overload": {"stage": "steady"}}
@@ -152,6 +152,12 @@ def test_a_spikes_dispatch_lag_is_relative_to_its_ttft_and_refusal_bounds() -> N
     (reason,) = validity(spike)
     assert "dispatch lag p99 40.0 ms > 30.0 ms" in reason
     spike["check_config"]["llm.overload"] = {"stage": "steady", "ttft_ms": 250}  # → 25 ms
+    (reason,) = validity(spike)
+    assert "dispatch lag p99 40.0 ms > 25.0 ms" in reason
+    # a V2 spike's fail-fast bounds the median 503/429 time (1,000 ms → 100 ms allowed)
+    spike["check_config"] = {"spike.fail_fast": {}, "spike.recovery_s": {}}
+    assert validity(spike) == []
+    spike["check_config"]["spike.fail_fast"]["max_reject_p50_ms"] = 250  # → 25 ms
     (reason,) = validity(spike)
     assert "dispatch lag p99 40.0 ms > 25.0 ms" in reason
     # a scenario with no latency bound keeps the default

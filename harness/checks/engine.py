@@ -23,13 +23,18 @@ RUN_COMPLETED = "run.completed"
 # The latency bounds that dispatch lag is measured against, by check: each is timed from
 # the request's intended send time, so a request sent late is judged late. For a token
 # stream that is its TTFT (TPOT is measured within the stream: a late send does not move
-# it); ``llm.overload`` bounds a spike's first tokens and its refusals, each timed so.
+# it); ``llm.overload`` bounds a spike's first tokens and its refusals, and the fail-fast
+# checks the median time of an overload's 503/429s, each timed so. (A recovery band is
+# relative to the same run's baseline: a late send can only lengthen a recovery, and a
+# generator late enough to do that for seconds is saturated, which validity judges apart.)
 SLO_PARAMS: Mapping[str, tuple[str, ...]] = {
     "steady.p99_ms": ("threshold",),
     "priority.high_p99_ms": ("threshold",),
     "llm.ttft_p99": ("threshold",),
     "llm.priority_ttft_p99": ("threshold",),
     "llm.overload": ("ttft_ms", "reject_ms"),
+    "spike.fail_fast": ("max_reject_p50_ms",),
+    "contention.fail_fast": ("max_reject_p50_ms",),
 }
 
 
