@@ -25,8 +25,9 @@ RUN_COMPLETED = "run.completed"
 # stream that is its TTFT (TPOT is measured within the stream: a late send does not move
 # it); ``llm.overload`` bounds a spike's first tokens and its refusals, and the fail-fast
 # checks the median time of an overload's 503/429s, each timed so. (A recovery band is
-# relative to the same run's baseline: a late send can only lengthen a recovery, and a
-# generator late enough to do that for seconds is saturated, which validity judges apart.)
+# relative to the same run's baseline, sent at a fraction of the overload's rate where
+# the generator is least busy; a generator late for seconds is saturated, which validity
+# judges apart.)
 SLO_PARAMS: Mapping[str, tuple[str, ...]] = {
     "steady.p99_ms": ("threshold",),
     "priority.high_p99_ms": ("threshold",),
