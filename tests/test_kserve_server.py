@@ -62,15 +62,11 @@ def _free_port() -> int:
 def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     port = _free_port()
     log = tmp_path_factory.mktemp("kserve") / "server.log"
-    # on a core of its own, as the tutorial starts it: the harness keeps its generator on
-    # the others
-    core = max(os.sched_getaffinity(0))
     proc = subprocess.Popen(
         [KSERVE_PY, str(SERVER), "--http_port", str(port), "--model_name", MODEL],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         cwd=REPO,
-        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
     url = f"http://127.0.0.1:{port}"
     try:

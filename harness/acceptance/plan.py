@@ -24,7 +24,6 @@ from harness.locust_run import (
     core_split,
     default_sut_cmd,
 )
-from harness.sut import attached_split
 
 # The order of the delivery checklist: cheap, fresh-server scenarios first so a broken
 # server fails fast; the soak last, where a partial report is still worth having.
@@ -152,23 +151,6 @@ class PlanRequest:
     html_report: bool = True
 
 
-def _beside_attached(sut_pid: int, show: Callable[[str], None]) -> tuple[int, ...] | None:
-    """The generator's cores beside an attached server on this host: those its affinity
-    leaves free. A server that may run on every core gets a warning and nothing pinned:
-    then each run's figures depend on where the scheduler puts the server's threads and
-    the generator's (docs/servers.md: an unpinned server's probe spread)."""
-    split = attached_core_split(sut_pid)
-    if split is not None:
-        return split[1]
-    if attached_split(sut_pid) is not None:
-        show(
-            f"warning: the server (pid {sut_pid}) may run on every core the load generator "
-            "uses, so each run's figures depend on where the scheduler puts them; pin it to "
-            "cores of its own (e.g. taskset -c 1 CMD) and the generator keeps to the rest"
-        )
-    return None
-
-
 def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan:
     """The plan of ``request``, every option checked before any load runs; ``show`` gets
     the progress of a peak search (``capacity="peak"``)."""
@@ -214,7 +196,10 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
             if not r.sut_cores:
                 extra += ["--sut-cores", ",".join(map(str, split[0]))]
     elif target.sut_pid is not None and target.agent_url is None:
-        loadgen_cores = _beside_attached(target.sut_pid, show)
+        # a server attached on this host: the generator keeps to the cores its affinity
+        # leaves free (one that may run on every core shares them: nothing pinned)
+        split = attached_core_split(target.sut_pid)
+        loadgen_cores = split[1] if split is not None else None
     if r.sut_cores:
         extra += ["--sut-cores", r.sut_cores]
     plan = Plan(
