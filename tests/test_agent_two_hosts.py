@@ -42,8 +42,9 @@ SERVER_PORT, AGENT_PORT, MASTER_PORT = 8000, 8765, 5557
 # the contention run proves the hogs go through the agent and must pass as on one host:
 # at half its quick length (30 s) the 6 s after the last hog left contention.recovery_s
 # one second more than its 5 s hold, and a CI run failed it ("never stayed back"); at
-# 45 s the after-period is 9 s
-DURATION_S = {"soak": 30, "contention": 45}
+# 45 s the after-period was 9 s, and a fresh-clone run on a jittery box failed it so too:
+# it runs its whole quick length (60 s: 12 s after the last hog)
+DURATION_S = {"soak": 30, "contention": 60}
 SOAK_CHECKS = ("soak.rss_trend", "soak.threads_trend", "soak.fds_trend")
 
 
