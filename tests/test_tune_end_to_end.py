@@ -9,12 +9,13 @@ appended to workers=3): the tune must not recommend it, must recommend the secon
 over the default, write its reports, and a second invocation with the same arguments must
 resume from the state file without measuring.
 
-Why 25 %, one repeat and 7 points: a configuration is ranked on its peak only when its
+Why 25 %, one repeat and 10 points: a configuration is ranked on its peak only when its
 search ended at its edge (a bracket within the tolerance), and ranks below another only
 when it missed the SLO from a rate the other held 1 + resolution above. The default is
 measured first, bracketing up from 150 req/s by 1.5 x a point (its limit is ~247 req/s):
 met at 150 and 225, missed at 337.5, then the midpoint 281 missed — [225, 281] is within
-25 %, four points (three to spare for a point the validity rules refuse). The others start
+25 %, four points (six to spare for points the validity rules refuse: on a jittery box
+two of one configuration's points were). The others start
 at 0.8 x its peak (180); two workers hold 405, 25 % above the default's 281: the default
 ranks below. The climb measures the default's neighbour (2 workers), then that one's
 (the planted 3 workers, ~65 req/s a worker without batching): every configuration is
