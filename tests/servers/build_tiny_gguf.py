@@ -22,24 +22,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_llama import CHAT_TEMPLATE, SEED, SPECIAL, VOCAB, corpus
+from build_tiny_llama import CHAT_TEMPLATE, SEED, SPECIAL, train_tokenizer
 
 HIDDEN, FFN, LAYERS, HEADS, CONTEXT = 128, 256, 2, 2, 2048
 
 
 def tokenizer() -> tuple[list[str], list[str]]:
     """(tokens in id order, merges "a b"): the byte-level BPE of build_tiny_llama.py."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=list(SPECIAL),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok = train_tokenizer()
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]

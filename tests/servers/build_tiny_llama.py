@@ -38,9 +38,9 @@ def corpus() -> list[str]:
     return [f.read_text(encoding="utf-8") for f in files]
 
 
-def build_tokenizer(out: Path):  # -> transformers.PreTrainedTokenizerFast
+def train_tokenizer():  # -> tokenizers.Tokenizer
+    """The byte-level BPE of ``VOCAB`` tokens, trained on ``corpus()`` (``tokenizers`` only)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -52,6 +52,13 @@ def build_tokenizer(out: Path):  # -> transformers.PreTrainedTokenizerFast
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
+    return tok
+
+
+def build_tokenizer(out: Path):  # -> transformers.PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_tokenizer()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
