@@ -51,6 +51,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.checks.engine import validity_margins
 from harness.load import http
 from harness.load.recording import Recording
 from harness.load.stream_exchange import StreamExchange
@@ -66,7 +67,8 @@ INSTALL_WAIT_S = 900.0
 START_TIMEOUT_S = 150.0
 SERVER_CORES = {0}
 # Per request, client TTFT minus vLLM's: the generator's lateness (dispatch lag p99
-# ~2 ms here), the request's bytes to vLLM's handler, and the first token's event from
+# ~2 ms here; the run's own p99 is allowed on top: a jittery box's one late request
+# was at least 42 ms over vLLM's at the p99 of 138), the request's bytes to vLLM's handler, and the first token's event from
 # vLLM's front end to the client's read, behind at most an engine step on the server's
 # one core. Measured: the medians differ by ~2 ms (docs/servers.md); 25 ms is a bound
 # that a clock mistake (a TTFT from the send instead of the intended time, from the role
@@ -248,8 +250,12 @@ def test_vllm_llm_checklist(vllm: str, tmp_path: Path) -> None:
     itl = _run_delta(before, after, "vllm:inter_token_latency_seconds")
     n = total["requests"]
     client_ttft, client_tpot = total["ttft_ms"], total["tpot_ms"]
+    # the run's dispatch lag p99, which the client's TTFT holds and vLLM's does not
+    lag = validity_margins(sc).get("dispatch_lag_p99_ms")
+    lag_s = (lag[0] or 0.0) / 1000.0 if lag else 0.0
     figures = {
         "requests": n,
+        "dispatch_lag_p99_ms": round(lag_s * 1000, 2),
         "tokens_out": total["tokens_out"],
         "client_events_after_first": total["itl_ms"]["count"],
         "server_itl_count": itl["count"],
@@ -269,7 +275,9 @@ def test_vllm_llm_checklist(vllm: str, tmp_path: Path) -> None:
         need = math.ceil(q * n)
         value_s = client_ttft[f"p{round(q * 100)}_ms"] / 1000.0
         assert _at_or_above(ttft, value_s) >= need, (q, figures)  # server <= client
-        assert _below(ttft, value_s - TTFT_OVERHEAD_S) < need, (q, figures)  # and close
+        # and close: within the overheads, plus the run's own lateness (the client's TTFT
+        # runs from the intended send, the server's from its handler)
+        assert _below(ttft, value_s - TTFT_OVERHEAD_S - lag_s) < need, (q, figures)
         lower, upper = _bucket(tpot, q)
         value_s = client_tpot[f"p{round(q * 100)}_ms"] / 1000.0
         assert lower - TPOT_SLACK_S <= value_s <= upper + TPOT_SLACK_S, (q, figures)

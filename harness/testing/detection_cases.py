@@ -406,7 +406,7 @@ CASES: tuple[DetectionCase, ...] = (
         fault="slowdown:320",
         pin_capacity=True,
         pin_scale=0.25,
-        duration_s=45,
+        duration_s=60,
         allowed={
             "soak.rss_trend": "the same in-flight requests hold their buffers: measured "
             "+1.0 MiB/min, inconclusive (CI 0.92–1.07)",
@@ -421,8 +421,10 @@ CASES: tuple[DetectionCase, ...] = (
         "the length, not on either, plus the few seconds between ready and the load: "
         "240 ms/min over 45 s measured only 2.11–2.40x in 3 runs (2.0x is the threshold), "
         "320 ms/min over 45 s 2.44–2.53x, as 90 s did, the healthy twin 0.88–1.30x (wider "
-        "than at 90 s, 1.00–1.05x; a fail also needs the Mann–Kendall trend) — half the CI "
-        "time. The 1 h soak catches the default "
+        "than at 90 s, 1.00–1.05x; a fail also needs the Mann–Kendall trend). On a slower "
+        "box (healthy capacity 345-456 req/s against ~540) the latency floor was higher "
+        "and 45 s measured exactly 2.0x, a miss in a fresh-clone CI run; 60 s measured "
+        "2.00, 2.52 and 2.61x, the twin 1.13, 1.06 and 1.03x. The 1 h soak catches the default "
         "20 ms/min (+1.2 s by the end)",
     ),
     # --- scaling ------------------------------------------------------------------------
