@@ -293,3 +293,59 @@ def test_the_input_flag_a_configuration_error_names_is_one_harness_run_accepts(t
     plan = plan_from(args, (args.scenario,), str(tmp_path))
     argv = scenario_argv(plan, "steady_state", tmp_path)
     assert argv[argv.index("--input") + 1] == "input:FP32:1,256"
+
+
+def _models_server(models: dict[str, Any]) -> Any:
+    """A server whose only answer is GET /v1/models: ``models``."""
+    import json
+
+    from gevent.server import StreamServer
+
+    from harness.testing.raw_http import requests_on
+
+    body = json.dumps(models).encode()
+
+    def handle(sock: Any, _addr: Any) -> None:
+        for _head, _body in requests_on(sock):
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    server = StreamServer(("127.0.0.1", 0), handle)
+    server.start()
+    return server
+
+
+def test_a_scenario_longer_than_the_served_context_is_left_out_before_any_load(
+    tmp_path,
+) -> None:
+    """An LLM server that serves a 1,024-token context: llm_shared_prefix (requests of up to
+    4,084 tokens) is left out before any scenario runs, wherever it stands in the plan, with
+    the reason its own preparation gives; the scenarios that fit stay. Alone (`harness run`)
+    it is refused."""
+    from harness.acceptance.plan import LLM_CHECKLIST, without_unsupported
+
+    server = _models_server({"data": [{"id": "tiny", "owned_by": "vllm", "max_model_len": 1024}]})
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        target = Target(url=url, protocol="openai")
+        excluded = _preflight(tmp_path, target, scenarios=LLM_CHECKLIST)
+        assert set(excluded) == {"llm_shared_prefix"}, excluded
+        reason = excluded["llm_shared_prefix"].reason
+        assert reason.startswith("configuration error: a request of this [llm] workload")
+        assert "reach 4084 tokens" in reason and "max_model_len of 1024" in reason, reason
+        # an --input that shortens every request keeps it
+        short = ["--input", "input=64", "--input", "output=32", "--input", "prefix_tokens=512"]
+        assert not _preflight(tmp_path, target, extra=short, scenarios=["llm_shared_prefix"])
+        # the model the server lists, or --model naming one it does not: every scenario
+        big = Target(url=url, protocol="openai", model="big")
+        other = _preflight(tmp_path, big, scenarios=LLM_CHECKLIST)
+        assert set(other) == set(LLM_CHECKLIST), other
+        assert all("does not list" in e.reason for e in other.values()), other
+        from harness.acceptance import Plan
+
+        alone = Plan(
+            scenarios=("llm_shared_prefix",), mode="quick", out_dir=tmp_path, target=target
+        )
+        with pytest.raises(ConfigError, match="max_model_len of 1024"):
+            without_unsupported(alone, single=True)
+    finally:
+        server.stop(timeout=1)

@@ -350,7 +350,13 @@ def without_unsupported(plan: Plan, single: bool) -> Plan:
 def preflight(plan: Plan) -> list[Exclusion]:
     """Each planned scenario this target cannot support, with the reason, found before
     any load starts (harness.load.preflight)."""
-    from harness.load.preflight import TargetFacts, agent_facts, check_transport, exclusions
+    from harness.load.preflight import (
+        TargetFacts,
+        agent_facts,
+        check_transport,
+        exclusions,
+        served_model_exclusions,
+    )
     from harness.load.scenario import load_scenario
 
     check_transport(plan.target.url, plan.target.client())  # https: verifies, or exit 2
@@ -380,4 +386,12 @@ def preflight(plan: Plan) -> list[Exclusion]:
         **remote,
     )
     loaded = [(Path(n).stem, load_scenario(n, mode=plan.mode)) for n in plan.scenarios]
-    return exclusions(loaded, facts, checklist)
+    found = exclusions(loaded, facts, checklist)
+    if t.url is not None:
+        left = {e.name for e in found}
+        inputs = [a for k, a in zip(args, args[1:], strict=False) if k == "--input"]
+        found += served_model_exclusions(
+            [(n, sc) for n, sc in loaded if n not in left],
+            t.url, t.client(), t.protocol, t.model, inputs,
+        )  # fmt: skip
+    return found

@@ -238,3 +238,49 @@ def exclusions(
         if why is not None:
             out.append(Exclusion(name, why, optional=why == machine_limit(sc, f)))
     return out
+
+
+def served_model_exclusions(
+    scenarios: Sequence[tuple[str, Scenario]],
+    url: str,
+    client: Any,
+    protocol: str | None,
+    model: str | None,
+    inputs: Sequence[str] = (),
+) -> list[Exclusion]:
+    """Against a server already running (``--target``): each scenario with an ``[llm]``
+    table whose requests that server refuses by what its model list says (a request longer
+    than the served context), with the preparation's own reason. The scenario's preparation
+    makes the same check (``resolve_inputs``) but only when its turn comes, after the
+    scenarios before it ran their load; here it is made for all of them before any load.
+    A server that does not answer, or lists nothing, is left to the preparation."""
+    import json
+
+    from harness import protocols
+    from harness.load import http
+
+    llm = [(n, sc) for n, sc in scenarios if sc.llm is not None]
+    if not llm:
+        return []
+    out = []
+    meta_by_proto: dict[str, Any] = {}
+    for name, sc in llm:
+        proto = protocols.get(sc.load.protocol or protocol or protocols.DEFAULT)
+        path = proto.server_metadata_path()
+        if path is None or not getattr(proto, "streaming", False):
+            continue
+        if proto.name not in meta_by_proto:
+            try:
+                status, body = http.request(url.rstrip("/") + path, "GET", client=client)
+                meta_by_proto[proto.name] = json.loads(body) if status == 200 else None
+            except (http.RequestTimeout, http.ConnectionFailed, http.TLSFailed, ValueError):
+                meta_by_proto[proto.name] = None
+        meta = meta_by_proto[proto.name]
+        served = model or proto.default_model(meta)
+        if not isinstance(meta, dict) or not served:
+            continue
+        try:
+            proto.resolve_inputs(meta, served, tuple(inputs), None, workload=sc.llm)
+        except ConfigError as exc:
+            out.append(Exclusion(name, f"configuration error: {exc}"))
+    return out
