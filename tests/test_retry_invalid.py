@@ -132,3 +132,51 @@ def test_the_loop_keeps_every_attempt_and_reports_it(tmp_path, monkeypatch, retr
         assert "attempt 1 was invalid and was run again — dispatch lag" in summary
         written = json.loads((tmp_path / "results.json").read_text())
         assert written["scenarios"][0]["attempts"] == attempts
+
+
+def test_a_server_its_supervisor_restarted_is_followed_by_the_retry_and_the_rest(
+    tmp_path, monkeypatch
+) -> None:
+    """crash_restart against an attached server: its supervisor starts it again under a new
+    pid, which the kill's record names. An attempt invalid for late requests runs again
+    against that pid (the old one is gone: without following it there would be no retry),
+    and so does the scenario after it."""
+    import subprocess
+    import sys
+
+    old = subprocess.Popen([sys.executable, "-c", "pass"])
+    old.wait()  # gone, as a killed server is
+    new = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        kill = {"action": "kill", "params": {}, "start_s": 10.0, "end_s": 12.0, "ok": True,
+                "error": None, "detail": {"found": True, "gone": True, "restarted_by":
+                "supervisor", "old_pid": old.pid, "new_pid": new.pid}}  # fmt: skip
+        seen: list[tuple[str, int | None]] = []
+
+        def fake_run_one(settings, out_root, name, index, total, stop, show, poll_s=1.0):
+            seen.append((name, settings.target.sut_pid))
+            out = out_root / name
+            out.mkdir(parents=True, exist_ok=True)
+            late = name == "steady_state" and len(seen) == 1
+            sc = good_steady(dispatch_lag_hdr=LATE) if late else good_steady()
+            sc["chaos"] = [kill] if name == "steady_state" else []
+            doc = new_document(machine=machine_metadata(), sut={}, loadgen={})
+            doc["scenarios"] = [{**sc, "name": name}]
+            return ScenarioRun(name=name, out_dir=out, document=doc)
+
+        monkeypatch.setattr(locust_run, "run_one", fake_run_one)
+        plan = Plan(
+            scenarios=("steady_state", "soak"),
+            mode="quick",
+            out_dir=tmp_path,
+            target=Target(url="http://127.0.0.1:1", sut_pid=old.pid),
+        )
+        run_plan(plan, show=lambda _line: None)
+        assert seen == [
+            ("steady_state", old.pid),
+            ("steady_state", new.pid),
+            ("soak", new.pid),
+        ]
+    finally:
+        new.kill()
+        new.wait()

@@ -45,6 +45,26 @@ def retry_reasons(run: ScenarioRun, settings: RunSettings) -> list[str]:
     return reasons
 
 
+def followed_pid(run: ScenarioRun, settings: RunSettings) -> int | None:
+    """The pid an attached server (``--sut-pid`` on this host) runs under after its
+    supervisor restarted it during ``run``: the last chaos event of the run that found the
+    supervisor's new process (``crash_restart``'s kill). An attempt run again and the
+    scenarios after it act on that process. None when nothing restarted the server, or the
+    new process is gone too."""
+    t = settings.target
+    if t.sut_pid is None or t.agent_url is not None or run.document is None:
+        return None
+    new = None
+    for sc in run.document.get("scenarios") or []:
+        for event in sc.get("chaos") or []:
+            detail = event.get("detail") or {}
+            if detail.get("restarted_by") == "supervisor" and detail.get("new_pid"):
+                new = int(detail["new_pid"])
+    if new is None or new == t.sut_pid or not psutil.pid_exists(new):
+        return None
+    return new
+
+
 def set_aside(run: ScenarioRun, reasons: Sequence[str]) -> Attempt:
     """Move an invalid attempt's directory to ``NAME.attempt-K`` (kept whole: its results,
     samples and logs) and describe it for the results of the attempt that replaces it."""

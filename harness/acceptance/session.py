@@ -6,7 +6,8 @@ after it that send the same requests (one per ``[llm]`` workload), a
 scenario invalid only because the machine was disturbed runs again (``retries``), a
 configuration error found while preparing one stops the session (nothing measured yet)
 or leaves that scenario out (named), a scenario that wrote no results fails
-(``no_results``). SIGINT/SIGTERM stop the running scenario cleanly and end the session
+(``no_results``), and an attached server its supervisor restarted (``crash_restart``) is
+followed to its new pid by the attempts and scenarios after it. SIGINT/SIGTERM stop the running scenario cleanly and end the session
 with what was measured.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 from harness import locust_run
 from harness.acceptance.no_results import failed_scenario
 from harness.acceptance.plan import Plan
-from harness.acceptance.retries import retry_line, retry_reasons, set_aside
+from harness.acceptance.retries import followed_pid, retry_line, retry_reasons, set_aside
 from harness.errors import ConfigError, ExitCode, HarnessError
 from harness.finish import FINISH_IMPORTS, finish
 from harness.load.preflight import Exclusion
@@ -68,6 +69,7 @@ def run_plan(plan: Plan, show: Callable[[str], None] = print) -> Outcome:
                 )
                 warm = locust_run.ImportWhenWritten(results, wanted)
             run = _run_with_retries(plan, current, name, i, stop, show)
+            plan = _following(plan, run)
             if warm is not None:
                 warm.cancel()
             if run.returncode == ExitCode.USAGE and not run.interrupted:
@@ -117,6 +119,8 @@ def _run_with_retries(
     total = len(plan.scenarios)
     run = locust_run.run_one(current, current.out_dir, name, index, total, stop, show)
     while len(run.attempts) < plan.retry_invalid and not stop.requested:
+        # an attached server its supervisor restarted: the attempt acts on the new process
+        plan, current = _following(plan, run), _following(current, run)
         reasons = retry_reasons(run, plan)
         if not reasons:
             break
@@ -128,6 +132,15 @@ def _run_with_retries(
             for sc in run.document.get("scenarios") or []:
                 sc["attempts"] = earlier
     return run
+
+
+def _following(plan: Plan, run: ScenarioRun) -> Plan:
+    """``plan`` aimed at the process an attached server's supervisor restarted it as during
+    ``run`` (``retries.followed_pid``); unchanged when nothing restarted it."""
+    pid = followed_pid(run, plan)
+    if pid is None:
+        return plan
+    return replace(plan, target=replace(plan.target, sut_pid=pid))
 
 
 def _merged(plan: Plan, runs: list[ScenarioRun], excluded: list[Exclusion]) -> dict[str, Any]:
