@@ -269,3 +269,64 @@ def test_a_stream_the_in_flight_cap_kept_from_being_sent_counts_against_goodput(
     )
     c = REGISTRY["llm.goodput"].fn(sc, resolve_params("llm.goodput", {"stage": "steady"}))
     assert c.passed is False and "dropped 3" in c.detail
+
+
+def test_a_workload_that_does_not_ask_for_usage_holds_no_missing_usage_against_a_stream() -> None:
+    """``include_usage = false`` (``--input include_usage=false``), for a server that never
+    sends a usage chunk (llama-cpp-python ignores ``stream_options``): the requests do not
+    ask for one, first turns and later turns alike, and a whole stream without it is
+    whole, its tokens counted one per token-bearing event. Asked, as by default, the same
+    stream is ``no_usage``."""
+    import time
+
+    from gevent.server import StreamServer
+
+    from harness.load import http
+    from harness.load.llm_workload import Conversation
+    from harness.load.recording import Recording
+    from harness.load.stream_exchange import StreamExchange
+    from harness.testing.raw_http import requests_on
+
+    asked = _pool(2, output=3)
+    quiet = _pool(2, output=3, include_usage="false")
+    assert all("include_usage" not in i for i in asked)
+    assert all(i["include_usage"] is False for i in quiet)
+    head, tail = PROTO.request_parts(quiet[0], ClassParams("default"))
+    assert b"stream_options" not in head + tail and b'"stream":true' in head + tail
+    head, tail = PROTO.request_parts(asked[0], ClassParams("default"))
+    assert b'"stream_options":{"include_usage":true}' in head + tail
+    turns = _pool(1, workload="multi_turn", turns=3, output=3, include_usage="false")
+    spec = turns[0]["conversation"]
+    conv = Conversation(spec["plan"], spec["index"], "m", turns=spec["turns"])
+    conv.next_request(None)
+    later = PROTO.turn_input(conv.next_request("an answer"))
+    assert later["include_usage"] is False
+
+    body = b"".join(
+        [chunk_event(role="assistant", content=""), chunk_event(" a"), chunk_event(" b c"),
+         chunk_event(" d"), chunk_event("", finish_reason="length"), DONE_EVENT]
+    )  # fmt: skip
+
+    def handle(sock: Any, _addr: Any) -> None:
+        for _head, _body in requests_on(sock):
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    server = StreamServer(("127.0.0.1", 0), handle)
+    server.start()
+    got = {}
+    try:
+        raw = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        for name, pool in (("asked", asked), ("quiet", quiet)):
+            recording = Recording()
+            streams = StreamExchange(pool, recording, timeout_s=5.0, verify=False)
+            conn = http.Connection("127.0.0.1", server.server_port)
+            outcome, rec = streams.exchange_pool(
+                conn, raw, 0, "default", "steady", time.perf_counter(), 0.0
+            )
+            conn.close()
+            total = recording.tokens["class"].summary()["total"]
+            got[name] = (outcome, rec.output_tokens, total["goodput"]["by_problem"])
+    finally:
+        server.stop(timeout=1)
+    assert got["quiet"] == ("ok", 3, {}), got
+    assert got["asked"][2] == {"no_usage": 1}, got

@@ -77,6 +77,10 @@ class WorkloadConfig:
     file: str | None = None  # jsonl
     seed: int = 0
     ignore_eos: bool = True
+    # ask for the usage chunk (stream_options.include_usage); False for a server that
+    # never sends one (llama-cpp-python): its absence is then no problem, and the tokens
+    # are counted one per token-bearing event
+    include_usage: bool = True
     block_size: int = 16
     max_context: int | None = None  # the server's context length: longer requests refused
     # client aborts (harness.load.stream_aborts): the share of streams that hang up, after
@@ -124,6 +128,7 @@ def config_from_table(data: Mapping[str, Any], src: str, where: str = "llm") -> 
         file=t.string("file", None),
         seed=t.number("seed", d.seed, integer=True),
         ignore_eos=t.boolean("ignore_eos", d.ignore_eos),
+        include_usage=t.boolean("include_usage", d.include_usage),
         block_size=t.number("block_size", d.block_size, positive=True, integer=True),
         max_context=t.number("max_context", None, positive=True, integer=True),
         abort_share=float(t.number("abort_share", d.abort_share, minimum=0)),
@@ -229,6 +234,8 @@ def build_plan(cfg: WorkloadConfig) -> dict[str, Any]:
         "input": cfg.input.text,
         "output": cfg.output.text,
     }
+    if not cfg.include_usage:
+        plan["include_usage"] = False  # absent: asked, as every plan before the key
     if cfg.workload == "synthetic":
         plan["requests"] = [
             [cfg.input.draw(rng), cfg.output.draw(rng)] for _ in range(cfg.requests)
@@ -279,7 +286,10 @@ def _generation(
     plan: Mapping[str, Any], max_tokens: int, priority: int | None = None
 ) -> Generation:
     return Generation(
-        max_tokens=max_tokens, ignore_eos=plan["ignore_eos"] or None, priority=priority
+        max_tokens=max_tokens,
+        ignore_eos=plan["ignore_eos"] or None,
+        priority=priority,
+        include_usage=plan.get("include_usage", True),
     )
 
 

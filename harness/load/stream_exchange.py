@@ -109,6 +109,9 @@ class StreamExchange:
         # the reference server's tokenizer counts its events; any other server's tokens are
         # its own (its usage is then checked against the token-bearing events, one each)
         self.recorder_options: dict[str, Any] = {} if verify else {"count_tokens": None}
+        if not all(i.get("include_usage", True) for i in inputs):
+            # the workload did not ask for usage (include_usage = false): none is no problem
+            self.recorder_options["usage_requested"] = False
 
     def dropped(self, cls: str, stage: str) -> None:
         """A request the in-flight cap kept from being sent: not a whole answer

@@ -168,7 +168,8 @@ class OpenAIChat(WireProtocol):
         body = dict(inputs["body"])
         if cls.priority:
             body["priority"] = cls.priority
-        body.update(Generation().fields())  # stream: true, stream_options.include_usage
+        # stream: true, and stream_options.include_usage unless the workload says not to
+        body.update(Generation(include_usage=inputs.get("include_usage", True)).fields())
         body[ID_FIELD] = _MARK
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
         before, after = text.split(json.dumps(_MARK)[1:-1], 1)
@@ -192,11 +193,14 @@ def _input(request: Any) -> dict[str, Any]:
     """An ``LlmRequest`` as a pool input: its body without the stream fields (the protocol
     adds them, with the class's priority and the request id), its token counts."""
     body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
-    return {
+    out = {
         "body": body,
         "prompt_tokens": request.prompt_tokens,
         "max_tokens": request.max_tokens,
     }
+    if "stream_options" not in request.body:
+        out["include_usage"] = False  # the workload's include_usage = false
+    return out
 
 
 def served_models(meta: Mapping[str, Any] | None) -> list[str]:
