@@ -3,7 +3,7 @@ its request interruption on and off.
 
     flock /tmp/harness-cpu.lock python bench/llama_cpp_peer.py
         [--python /tmp/harness-llamacpp-venv/bin/python] [--scenarios llm_steady]
-        [--out /tmp/llama-cpp-peer]
+        [--out /tmp/llama-cpp-peer] [--settings true,false] [--input include_usage=false]
 
 llama-cpp-python (PyPI ``llama-cpp-python[server]``) builds llama.cpp from source when
 it installs (no wheel for this machine on PyPI: ~10 minutes of both cores here), so it is
@@ -102,7 +102,9 @@ def judged(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_setting(python: str, model: Path, interrupt: bool, scenarios: str, out: Path) -> dict:
+def run_setting(
+    python: str, model: Path, interrupt: bool, scenarios: str, out: Path, inputs: list[str]
+) -> dict:
     cores = sorted(os.sched_getaffinity(0))
     server_core = {cores[-1]}
     port = free_port()
@@ -131,7 +133,7 @@ def run_setting(python: str, model: Path, interrupt: bool, scenarios: str, out: 
                 sys.executable, "-m", "harness", "acceptance", "--protocol", "openai",
                 "--quick", "--scenarios", scenarios, "--target", url,
                 "--sut-pid", str(proc.pid), "--model", MODEL, "--out", str(out / "run"),
-                "--no-html-report",
+                "--no-html-report", *(a for spec in inputs for a in ("--input", spec)),
             ],
             cwd=REPO, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
@@ -158,6 +160,13 @@ def main() -> int:
     ap.add_argument(
         "--settings", default="true,false", help="interrupt_requests settings, in order"
     )
+    ap.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        help="KEY=VALUE of the [llm] table for every scenario, passed to harness acceptance "
+        "(e.g. include_usage=false: llama-cpp-python sends no usage chunk); repeatable",
+    )
     args = ap.parse_args()
     if not Path(args.python).exists():
         raise SystemExit(f"no python at {args.python}: make the venv (module docstring)")
@@ -172,13 +181,18 @@ def main() -> int:
     print(
         f"llama-cpp-python {version}; {os.cpu_count()} CPUs ({platform.processor() or '?'}), "
         f"Python {platform.python_version()}; server on core {max(os.sched_getaffinity(0))}, "
-        f"scenarios {args.scenarios}"
+        f"scenarios {args.scenarios}, inputs {args.input or 'none'}"
     )
     results = []
     for setting in args.settings.split(","):
         interrupt = setting.strip().lower() == "true"
         r = run_setting(
-            args.python, model, interrupt, args.scenarios, args.out / f"interrupt-{setting}"
+            args.python,
+            model,
+            interrupt,
+            args.scenarios,
+            args.out / f"interrupt-{setting}",
+            args.input,
         )
         results.append(r)
         print(f"\ninterrupt_requests={interrupt}: exit {r['exit']}, server ready in "
