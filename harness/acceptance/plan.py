@@ -112,7 +112,7 @@ class Plan(RunSettings):
     # scenarios left out before load started (harness.load.preflight.Exclusion)
     excluded: tuple[Exclusion, ...] = ()
     # more attempts for a scenario invalid only because the machine was disturbed
-    retry_invalid: int = 1
+    retry_invalid: int = 2
     html_report: bool = True  # False: report.html is not drawn (--no-html-report)
 
 
@@ -147,7 +147,7 @@ class PlanRequest:
     locust_args: tuple[str, ...] = ()
     capacity: str = "probe"  # or "peak": `harness peak`'s rate under the SLO, first
     capacity_slo_p99_ms: float = 500.0
-    retry_invalid: int = 1
+    retry_invalid: int = 2
     html_report: bool = True
 
 

@@ -103,11 +103,11 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retry-invalid",
         type=int,
-        default=1,
+        default=2,
         metavar="N",
         help="run a scenario up to N more times when it is invalid only because the machine "
         "was disturbed (requests left late, another tenant's CPU); every attempt is kept "
-        "and reported (default 1; 0 = never)",
+        "and reported (default 2; 0 = never)",
     )
     p.add_argument(
         "--no-html-report",
