@@ -154,7 +154,9 @@ def test_idle_thread_rows_match_the_full_read(pool, tmp_path) -> None:
             assert all(r.cswch_s is not None and r.nvcswch_s is not None for r in rows)
             idle = [r for r in rows if r.cpu_pct == 0 and r.cswch_s == 0]
             assert len(idle) >= 55
-        busy = [r for r in sampler.last_threads if r.cpu_pct > 50]
+        # the spinning thread's rows were read in full (it got some of a core: on a box
+        # busy with other tests' work, under half of one in 2 of 6 runs)
+        busy = [r for r in sampler.last_threads if r.cpu_pct > 0]
         assert len(busy) >= 1
     finally:
         sampler.close()
