@@ -7,8 +7,8 @@ scenario invalid only because the machine was disturbed runs again (``retries``)
 configuration error found while preparing one stops the session (nothing measured yet)
 or leaves that scenario out (named), a scenario that wrote no results fails
 (``no_results``), and an attached server its supervisor restarted (``crash_restart``) is
-followed to its new pid by the attempts and scenarios after it. SIGINT/SIGTERM stop the running scenario cleanly and end the session
-with what was measured.
+followed to its new pid by the attempts and scenarios after it. SIGINT/SIGTERM stop the
+running scenario cleanly and end the session with what was measured.
 """
 
 from __future__ import annotations

@@ -259,12 +259,11 @@ def served_model_exclusions(
     from harness import protocols
     from harness.load import http
 
-    llm = [(n, sc) for n, sc in scenarios if sc.llm is not None]
-    if not llm:
-        return []
     out = []
     meta_by_proto: dict[str, Any] = {}
-    for name, sc in llm:
+    for name, sc in scenarios:
+        if sc.llm is None:
+            continue
         proto = protocols.get(sc.load.protocol or protocol or protocols.DEFAULT)
         path = proto.server_metadata_path()
         if path is None or not getattr(proto, "streaming", False):
