@@ -44,6 +44,38 @@ def test_merged_worker_histograms_equal_one_histogram() -> None:
     assert averaged != merged.get_value_at_percentile(99)
 
 
+def _merged(encoded: bool) -> Recording:
+    """Three drains of the same recording, one still in flight at the second, merged."""
+    rec, master = Recording(window_s=0.5, first_n=5), Recording(window_s=0.5)
+    lat = _latencies(3, 600)
+    for i, v in enumerate(lat):
+        t = i / 200
+        rec.scheduled("high" if i % 3 else "low", "s1" if t < 1.5 else "s2", t)
+        rec.sent("high" if i % 3 else "low", "s1" if t < 1.5 else "s2", t, 100.0 + i)
+        if i != 250:  # one request still out at the second drain holds its window back
+            outcome = "http_503" if i % 50 == 7 else "ok"
+            rec.done("high" if i % 3 else "low", "s1" if t < 1.5 else "s2", t, outcome, v)
+        if i in (200, 400):
+            master.merge(rec.drain(now_t=t, encoded=encoded))
+    rec.done("high", "s2", 250 / 200, "ok", 999)
+    master.merge(rec.drain(now_t=9.0, final=True, encoded=encoded))
+    master.finish()
+    return master
+
+
+def test_this_processs_own_drain_merges_exactly_as_a_workers_encoded_one() -> None:
+    """The local runner hands its merge the cells and histograms themselves (no codec on
+    the event loop that sends): the merged recording is the same as over the wire."""
+    wire, own = _merged(encoded=True), _merged(encoded=False)
+    assert own.rows == wire.rows and len(own.rows) == 12
+    assert own.by_class() == wire.by_class() and own.by_stage() == wire.by_stage()
+    assert own.first_requests() == wire.first_requests()
+    assert own.by_source == wire.by_source == {"local": 600}
+    for a, b in ((own.dispatch_lag, wire.dispatch_lag), (own.error_latency, wire.error_latency)):
+        assert a.get_total_count() == b.get_total_count() > 0
+        assert a.get_value_at_percentile(99) == b.get_value_at_percentile(99)
+
+
 def test_counters_balance_and_failed_breakdown() -> None:
     rec = Recording()
     outcomes = ["ok"] * 7 + ["http_503", "timeout", "cross_wired"]

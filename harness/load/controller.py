@@ -290,7 +290,7 @@ class HarnessState:
     def _local_reports(self) -> None:
         while self._collecting():
             gevent.sleep(REPORT_EVERY_S)
-            report = self.load.report() if self._collecting() else None
+            report = self.load.report(encoded=False) if self._collecting() else None
             if report is not None:
                 self.merge(LOCAL, report.recording, report.cpu_s, report.conns)
 

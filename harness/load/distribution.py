@@ -190,17 +190,21 @@ class LoadProcess:
         self.engine_ready.set()
         return self.engine
 
-    def report(self) -> ReportMessage | None:
-        """Locust's periodic report: what was recorded since the last one."""
+    def report(self, *, encoded: bool = True) -> ReportMessage | None:
+        """Locust's periodic report: what was recorded since the last one (``encoded``
+        False: for this process's own merge, ``Recording.drain``)."""
         e = self.engine
         if e is None or e.recording.closed:
             return None
         return ReportMessage(
-            e.recording.drain(e.now()), target.cpu_s() - self._cpu_at_plan, self.drain_conns()
+            e.recording.drain(e.now(), encoded=encoded),
+            target.cpu_s() - self._cpu_at_plan,
+            self.drain_conns(),
         )
 
-    def final(self) -> FinalMessage:
-        """Stop scheduling, wait for the requests out, drain the rest and close."""
+    def final(self, *, encoded: bool = True) -> FinalMessage:
+        """Stop scheduling, wait for the requests out, drain the rest and close
+        (``encoded`` as in ``report``)."""
         e = self.engine
         if e is None or e.recording.closed:
             return FinalMessage()
@@ -208,7 +212,7 @@ class LoadProcess:
         left = e.wait_in_flight(grace)
         if left:
             log.warning("harness: %d requests still in flight after %.1f s", left, grace)
-        delta = e.recording.drain(e.now(), final=True)
+        delta = e.recording.drain(e.now(), final=True, encoded=encoded)
         cpu_s = target.cpu_s() - self._cpu_at_plan
         conns = self.drain_conns(final=True)
         e.close()

@@ -38,7 +38,7 @@ def finish_run(state: HarnessState) -> Path:
         if missing:
             log.warning("harness: no final report from workers %s", sorted(missing))
     else:
-        final = state.load.final()
+        final = state.load.final(encoded=False)
         if final.recording is not None:
             state.merge(LOCAL, final.recording, final.cpu_s, final.conns, final=True)
     state.lifecycle.advance(RunState.WRITING)

@@ -16,7 +16,10 @@ drop) counted in ``first_counts`` — so a server that fails or stalls only some
 requests cannot hide them behind the ones that came back quickly.
 
 Workers ``drain()`` what they recorded since the last drain into a JSON-able delta and the
-master ``merge()``s the deltas — histograms are added, percentiles are never averaged.
+master ``merge()``s the deltas — histograms are added, percentiles are never averaged. A
+local run drains into its own aggregate every few seconds, on the event loop that sends the
+requests: it hands over the cells and histograms themselves, not encoded, so that pause is
+short (figures in docs/checks.md, "Invalid runs").
 A window is shipped once, when it is complete on that worker (nothing with an intended
 time inside it is still in flight); the master summarises a window into rows once every
 worker has shipped past it, so a long soak keeps only a few live histograms in memory.
@@ -81,7 +84,11 @@ class Cell:
             out["s"] = self.tokens.encode()
         return out
 
-    def add(self, data: Mapping[str, Any]) -> None:
+    def add(self, data: Mapping[str, Any] | Cell) -> None:
+        """Add an encoded cell (``encode``) or a cell itself."""
+        if isinstance(data, Cell):
+            self.add_cell(data)
+            return
         self.counts.update(data.get("c") or {})
         if data.get("h"):
             if self.hdr is None:
@@ -102,6 +109,28 @@ class Cell:
             if self.tokens is None:
                 self.tokens = WindowTokens()
             self.tokens.add_other(other.tokens)
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+def _add_cells(into: dict[str, Cell], cells: Mapping[str, Any]) -> None:
+    """Add a delta's cells per class: a cell handed over (not encoded) where ``into`` has
+    none yet is adopted as it is."""
+    for c, data in cells.items():
+        if isinstance(data, Cell) and c not in into:
+            into[c] = data
+        else:
+            into.setdefault(c, Cell()).add(data)
+
+
+def _add_histogram(into: HdrHistogram, data: HdrHistogram | str | None) -> None:
+    if isinstance(data, HdrHistogram):
+        if data.get_total_count():
+            into.add(data)
+    elif data:
+        into.add(hdr.decode(data))
 
 
 def counters_view(counts: Mapping[str, int], in_flight: int = 0) -> Counters:
@@ -306,12 +335,18 @@ class Recording:
 
     # -- shipping (worker → master) ------------------------------------------------
 
-    def drain(self, now_t: float, final: bool = False) -> dict[str, Any]:
-        """Everything recorded since the last drain, encoded; resets what it ships.
+    def drain(self, now_t: float, final: bool = False, *, encoded: bool = True) -> dict[str, Any]:
+        """Everything recorded since the last drain; resets what it ships.
 
         Windows ship only when complete here: before ``now_t`` and before the oldest
         window that still has a request in flight (all of them when ``final``).
+        ``encoded``: JSON-able, for a worker's message to its master. False hands the
+        cells and histograms themselves to this process's own ``merge`` (the local
+        runner), which adopts them: no compressing and decompressing on the event loop
+        that sends the requests.
         """
+        cell_out = Cell.encode if encoded else _same
+        hist_out = hdr.encode if encoded else _same
         if final:
             complete = math.inf
         else:
@@ -321,17 +356,21 @@ class Recording:
         windows = {}
         for w in sorted(self.windows):
             if w < complete:
-                windows[str(w)] = {c: cell.encode() for c, cell in self.windows.pop(w).items()}
+                windows[str(w)] = {c: cell_out(cell) for c, cell in self.windows.pop(w).items()}
         delta = {
-            "classes": {c: cell.encode() for c, cell in self.classes.items()},
+            "scheduled": sum(
+                int(cell.counts.get("scheduled", 0))
+                for d in self.stages.values()
+                for cell in d.values()
+            ),
             "stages": {
-                s: {c: cell.encode() for c, cell in d.items()} for s, d in self.stages.items()
+                s: {c: cell_out(cell) for c, cell in d.items()} for s, d in self.stages.items()
             },
             "windows": windows,
             "complete_through": None if final else complete,
-            "lag": hdr.encode(self.dispatch_lag),
-            "err": hdr.encode(self.error_latency),
-            "first": hdr.encode(self.first),
+            "lag": hist_out(self.dispatch_lag),
+            "err": hist_out(self.error_latency),
+            "first": hist_out(self.first),
             "first_c": dict(self.first_counts),
             "first_in_flight": sum(self._first_pending.values()) if final else 0,
             "integrity": dict(self.integrity),
@@ -364,28 +403,24 @@ class Recording:
             self._watermarks.setdefault(source, 0)
 
     def merge(self, delta: Mapping[str, Any], source: str = "local") -> None:
-        """Add a worker's ``drain()`` delta; summarise windows every source has completed."""
-        # "classes" is the sum of "stages" (see ``classes``): only counted per source
-        for data in (delta.get("classes") or {}).values():
-            self.by_source[source] += int((data.get("c") or {}).get("scheduled", 0))
+        """Add a ``drain()`` delta, encoded (a worker's) or not (this process's own, whose
+        cells and histograms it adopts); summarise windows every source has completed."""
+        self.by_source[source] += int(delta.get("scheduled") or 0)
         for s, d in (delta.get("stages") or {}).items():
-            st = self.stages.setdefault(s, {})
-            for c, data in d.items():
-                st.setdefault(c, Cell()).add(data)
+            _add_cells(self.stages.setdefault(s, {}), d)
         for w_text, d in (delta.get("windows") or {}).items():
             w = int(w_text)
             if w < self._summarised_through:
                 # A straggler for an already summarised window: keep its counts honest.
                 self._late_into_rows(w, d)
                 continue
-            wd = self.windows.setdefault(w, {})
-            for c, data in d.items():
-                wd.setdefault(c, Cell()).add(data)
-        for key, hist in (("lag", self.dispatch_lag), ("err", self.error_latency)):
-            if delta.get(key):
-                hist.add(hdr.decode(delta[key]))
-        if delta.get("first"):
-            self.first.add(hdr.decode(delta["first"]))
+            _add_cells(self.windows.setdefault(w, {}), d)
+        for key, hist in (
+            ("lag", self.dispatch_lag),
+            ("err", self.error_latency),
+            ("first", self.first),
+        ):
+            _add_histogram(hist, delta.get(key))
         self.first_counts.update(delta.get("first_c") or {})
         self.first_in_flight_final += int(delta.get("first_in_flight") or 0)
         self.integrity.update(delta.get("integrity") or {})

@@ -20,6 +20,7 @@ import psutil
 from harness import protocols
 from harness.errors import ConfigError, TargetUnavailable
 from harness.primitives import STOP_SIGNALS, trapped_signals
+from harness.sut import guard
 from harness.sut.host import free_port, poll_ready, tree_pids, write_pid_file
 
 
@@ -194,7 +195,10 @@ class SutProcess:
         self._reap_guard(wait_s=0.0)
         try:
             self._guard = subprocess.Popen(
-                [sys.executable, "-m", "harness.sut.guard", str(os.getpid()), str(server_pid)],
+                # the file itself, -I -S: it needs only the standard library, and
+                # `-m harness.sut.guard` imports the package first (~10x its CPU, spent
+                # on the load generator's core at every restart: a dispatch lag spike)
+                [sys.executable, "-I", "-S", guard.__file__, str(os.getpid()), str(server_pid)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
