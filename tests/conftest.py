@@ -159,16 +159,16 @@ def _results_documents_match_the_schema(request, monkeypatch):
     if request.node.get_closest_marker("malformed_results"):
         yield
         return
-    real_dumps = _document.dumps
+    real_serialise = _document._serialise  # what dumps and write_document both call
 
-    def validating_dumps(doc):
-        text = real_dumps(doc)
+    def validating_serialise(doc):
+        text = real_serialise(doc)
         parsed = json.loads(text)
         if isinstance(parsed, dict) and parsed.get("schema") == SCHEMA:
             assert_valid_results(parsed, "a results document written during this test")
         return text
 
-    monkeypatch.setattr(_document, "dumps", validating_dumps)
+    monkeypatch.setattr(_document, "_serialise", validating_serialise)
     # the test's own tmp_path (same instance), read now: its directory outlives the test
     tmp: Path | None = (
         request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None

@@ -149,6 +149,9 @@ class HarnessState:
             self.scenario = prep.scenario
             if self.lifecycle.state is not S.PREPARING:
                 return False  # stopped while preparing (SIGTERM): nothing to start
+            # Python's platform.platform() runs `uname -p` (a fork of this process) the
+            # first time: here, not in the first partial write on the loop mid-load
+            results.machine_metadata()
             self.origin_unix = time.time() + PLAN_LEAD_S
             self._distribute(prep)
             self._start_side_tasks(prep)
@@ -295,11 +298,17 @@ class HarnessState:
                 self.merge(LOCAL, report.recording, report.cpu_s, report.conns)
 
     def _write_periodically(self) -> None:
+        # The document is built on the loop (from the live recording); its serialising
+        # and fsync'd write, tens of ms of CPU and a disk wait of any length, on a native
+        # thread: on the loop, every send due meanwhile left late.
+        pool = gevent.get_hub().threadpool
         while self._collecting():
             gevent.sleep(WRITE_EVERY_S)
             if self._collecting():
                 with contextlib.suppress(Exception):
-                    finalisation.write_results(self, partial=True, samples=None)
+                    finalisation.write_results(
+                        self, partial=True, samples=None, off_loop=pool.apply
+                    )
 
     def progress(self) -> dict[str, Any]:
         """A live line's worth: elapsed/total, the current stage, recent req/s, p99, errors."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,10 +63,16 @@ def is_partial(state: HarnessState) -> bool:
     )
 
 
-def write_results(state: HarnessState, partial: bool, samples: dict[str, Any] | None) -> Path:
-    """``--out/results.json`` from what the run has so far (atomically replaced)."""
+def write_results(
+    state: HarnessState,
+    partial: bool,
+    samples: dict[str, Any] | None,
+    off_loop: Callable[[Callable[[], None]], Any] | None = None,
+) -> Path:
+    """``--out/results.json`` from what the run has so far (atomically replaced; its
+    serialising and write through ``off_loop``, ``results.write_document``)."""
     doc = build_document(state, partial, samples)
-    return results.write_document(state.out_dir / "results.json", doc)
+    return results.write_document(state.out_dir / "results.json", doc, off_loop)
 
 
 def build_document(

@@ -127,26 +127,48 @@ def _finite(obj: Any) -> Any:
         return {k: _finite(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return [_finite(v) for v in sorted(obj)]
     if hasattr(obj, "tolist") and not isinstance(obj, str | bytes):
         return _finite(obj.tolist())
     return obj
 
 
+def _serialise(finite: Any) -> str:
+    return json.dumps(finite, indent=1, default=_json_default, allow_nan=False) + "\n"
+
+
 def dumps(doc: Mapping[str, Any]) -> str:
     """Serialise a document exactly as ``write_document`` does (stable, NaN-free)."""
-    return json.dumps(_finite(doc), indent=1, default=_json_default, allow_nan=False) + "\n"
+    return _serialise(_finite(doc))
 
 
-def write_document(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
+def write_document(
+    path: str | os.PathLike[str],
+    doc: Mapping[str, Any],
+    off_loop: Callable[[Callable[[], None]], Any] | None = None,
+) -> Path:
     """Write ``doc`` to ``path`` atomically (temp file in the same directory + replace).
 
     Safe to call repeatedly during a run: readers see either the previous complete file
     or the new one, never a torn write, so a killed run leaves a usable partial file.
+    ``off_loop(fn)`` runs the serialising and the fsync'd write, e.g. on a native thread
+    for a write from the event loop that sends the load (an fsync can wait on the disk
+    for as long as it likes); the document is copied here first, so what it was built
+    from may change meanwhile.
     """
     target = Path(path)
-    # mode 0644: results are shared artefacts (CI uploads, other users); fsync: they
-    # must survive a power cut
-    atomic_write(target, dumps(doc), mode=0o644, fsync=True)
+    finite = _finite(doc)
+
+    def write() -> None:
+        # mode 0644: results are shared artefacts (CI uploads, other users); fsync: they
+        # must survive a power cut
+        atomic_write(target, _serialise(finite), mode=0o644, fsync=True)
+
+    if off_loop is None:
+        write()
+    else:
+        off_loop(write)
     return target
 
 
