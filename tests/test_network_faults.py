@@ -78,8 +78,10 @@ def _round_trip(sock: socket.socket, size: int = 2000) -> float:
     return time.perf_counter() - t0
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+def _least(xs: list[float]) -> float:
+    """The quickest of a few round trips: a busy machine only ever adds to one (a process
+    of the three taking its turn late), so the least is the one the toxic shaped alone."""
+    return min(xs)
 
 
 def _alive(pid: int) -> bool:
@@ -95,15 +97,15 @@ def _alive(pid: int) -> bool:
 
 def test_latency_toxic_adds_its_delay_once_per_round_trip(proxy: FaultProxy) -> None:
     with socket.create_connection(("127.0.0.1", proxy.port)) as s:
-        clean = _median([_round_trip(s) for _ in range(5)])
+        clean = _least([_round_trip(s) for _ in range(5)])
         proxy.command(
             "add", id="l", kind="latency", stream="downstream", toxicity=1.0, latency_ms=60
         )
-        slow = _median([_round_trip(s) for _ in range(5)])
+        slow = _least([_round_trip(s) for _ in range(5)])
         counters = proxy.command("remove", id="l")["counters"]
-        after = _median([_round_trip(s) for _ in range(5)])
+        after = _least([_round_trip(s) for _ in range(5)])
     added = slow - clean
-    # one 60 ms delay per answer (not one per chunk, not none), and gone once removed
+    # every answer late by one 60 ms delay (not one per chunk, not none), none once removed
     assert 0.8 * 0.060 <= added <= 1.6 * 0.060, (clean, slow)
     assert after < clean + 0.5 * 0.060
     assert counters["chunks_affected"] >= 5 and counters["connections_affected"] == 1
