@@ -511,21 +511,30 @@ def test_a_bursty_cores_busy_time_is_its_tasks_own_runtime():
     os.sched_setaffinity(client.pid, {other})
     for fd in fds:
         os.close(fd)
+    windows = []  # (busy, ran, elapsed) of each 3 s window
     try:
         time.sleep(0.5)
-        cpu0, run0 = procfs.read_cpu_times(), _runtime_s(server.pid)
-        time.sleep(3.0)
-        cpu1, run1 = procfs.read_cpu_times(), _runtime_s(server.pid)
+        # Anything else that runs on that core (a kworker, a process of an earlier test
+        # on its way out) only adds to its busy time: a fresh-clone CI here read 0.483 s
+        # busy for 0.421 s run once. Up to three windows; the closest is judged, so a
+        # reading that is wrong the same way every time (the tick fields') still fails.
+        for _ in range(3):
+            cpu0, run0 = procfs.read_cpu_times(), _runtime_s(server.pid)
+            time.sleep(3.0)
+            cpu1, run1 = procfs.read_cpu_times(), _runtime_s(server.pid)
+            busy = (cpu1[core][0] - cpu0[core][0]) / procfs.CLK_TCK
+            elapsed = (cpu1[core][1] - cpu0[core][1]) / procfs.CLK_TCK
+            windows.append((busy, run1 - run0, elapsed))
+            if abs(busy - (run1 - run0)) <= 0.06 * (run1 - run0) + 2 / procfs.CLK_TCK:
+                break
     finally:
         _stop(client, server)
-    busy = (cpu1[core][0] - cpu0[core][0]) / procfs.CLK_TCK
-    ran = run1 - run0
-    assert ran > 0.2, ran  # the bursts ran
+    busy, ran, elapsed = min(windows, key=lambda w: abs(w[0] - w[1]))
+    assert ran > 0.2, windows  # the bursts ran
     # within the counters' resolution (a tick floored at each read) and the kernel's own
     # work for the pipe on that core: 3 % of the runtime measured; the tick fields were
     # 10-23 % short
-    assert abs(busy - ran) <= 0.06 * ran + 2 / procfs.CLK_TCK, (busy, ran)
-    elapsed = (cpu1[core][1] - cpu0[core][1]) / procfs.CLK_TCK
+    assert abs(busy - ran) <= 0.06 * ran + 2 / procfs.CLK_TCK, windows
     assert elapsed == pytest.approx(3.0, abs=0.2)
 
 
