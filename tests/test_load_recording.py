@@ -45,16 +45,26 @@ def test_merged_worker_histograms_equal_one_histogram() -> None:
 
 
 def _merged(encoded: bool) -> Recording:
-    """Three drains of the same recording, one still in flight at the second, merged."""
+    """Three drains of the same recording, one still in flight at the second, merged;
+    every fifth request a stream (its token figures per window and per class/stage)."""
+    from tests.test_token_metrics import stream
+
     rec, master = Recording(window_s=0.5, first_n=5), Recording(window_s=0.5)
     lat = _latencies(3, 600)
     for i, v in enumerate(lat):
         t = i / 200
-        rec.scheduled("high" if i % 3 else "low", "s1" if t < 1.5 else "s2", t)
-        rec.sent("high" if i % 3 else "low", "s1" if t < 1.5 else "s2", t, 100.0 + i)
+        cls, stage = "high" if i % 3 else "low", "s1" if t < 1.5 else "s2"
+        rec.scheduled(cls, stage, t)
+        rec.sent(cls, stage, t, 100.0 + i)
         if i != 250:  # one request still out at the second drain holds its window back
             outcome = "http_503" if i % 50 == 7 else "ok"
-            rec.done("high" if i % 3 else "low", "s1" if t < 1.5 else "s2", t, outcome, v)
+            if i % 5 == 0:
+                first = v / 1e7
+                s = stream([(first, " ba"), (first + 0.001 * (i % 7), " be")], usage=2)
+                rec.stream_ended(cls, t, s)
+                for key, name in (("class", cls), ("stage", stage), ("stage_class", cls + stage)):
+                    rec.tokens[key].record(name, s)
+            rec.done(cls, stage, t, outcome, v)
         if i in (200, 400):
             master.merge(rec.drain(now_t=t, encoded=encoded))
     rec.done("high", "s2", 250 / 200, "ok", 999)
@@ -71,6 +81,10 @@ def test_this_processs_own_drain_merges_exactly_as_a_workers_encoded_one() -> No
     assert own.by_class() == wire.by_class() and own.by_stage() == wire.by_stage()
     assert own.first_requests() == wire.first_requests()
     assert own.by_source == wire.by_source == {"local": 600}
+    assert all("tokens_out_per_s" in r for r in own.rows)
+    for key in ("class", "stage", "stage_class"):
+        assert own.tokens[key].summary() == wire.tokens[key].summary()
+        assert own.tokens[key].summary()["total"]["requests"] == 119  # i = 250 never ended
     for a, b in ((own.dispatch_lag, wire.dispatch_lag), (own.error_latency, wire.error_latency)):
         assert a.get_total_count() == b.get_total_count() > 0
         assert a.get_value_at_percentile(99) == b.get_value_at_percentile(99)

@@ -381,7 +381,7 @@ class Recording:
             ),
         }
         if any(t.cells for t in self.tokens.values()):
-            delta["tokens"] = {k: t.drain() for k, t in self.tokens.items()}
+            delta["tokens"] = {k: t.drain(encoded=encoded) for k, t in self.tokens.items()}
         self.stages = {}
         self.dispatch_lag = hdr.new_histogram()
         self.error_latency = hdr.new_histogram()

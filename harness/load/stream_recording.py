@@ -224,16 +224,25 @@ class StreamStats:
     def dropped(self, cls: str) -> None:
         self.cell(cls).counts["dropped"] += 1
 
-    def drain(self) -> dict[str, Any]:
-        """Everything recorded since the last drain, JSON-able; resets it."""
-        delta = {cls: cell.encode() for cls, cell in self.cells.items()}
+    def drain(self, *, encoded: bool = True) -> dict[str, Any]:
+        """Everything recorded since the last drain, JSON-able (``encoded``: for a
+        worker's message) or the cells themselves (for this process's own ``merge``, as
+        ``Recording.drain``); resets it."""
+        delta = {cls: cell.encode() if encoded else cell for cls, cell in self.cells.items()}
         self.cells = {}
         return delta
 
     def merge(self, delta: Mapping[str, Any]) -> None:
-        """Add a ``drain()`` delta (from this process or a worker)."""
+        """Add a ``drain()`` delta (from this process or a worker); a cell handed over
+        where this has none yet is adopted as it is."""
         for cls, data in delta.items():
-            self.cell(cls).add(data)
+            if isinstance(data, StreamCell):
+                if cls in self.cells:
+                    self.cells[cls].add_cell(data)
+                else:
+                    self.cells[cls] = data
+            else:
+                self.cell(cls).add(data)
 
     def summary(self) -> dict[str, Any]:
         """Per class and ``total`` (every class added): counts, tokens, goodput and each
