@@ -134,3 +134,46 @@ def test_partial_results_are_serialised_and_written_off_the_loop(
     assert worker.successful(), worker.exception
     written = (tmp_path / "results.json").read_text()
     assert written == (tmp_path / "control.json").read_text() == results.dumps(doc)
+
+
+def test_a_partial_write_still_going_never_lands_after_the_final_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ends while a partial results.json is in its fsync'd write on the
+    threadpool: the final write waits for it (the control, which does not wait, shows the
+    partial document replacing the final one)."""
+    from harness.load import finalisation
+
+    native_sleep = gevent.monkey.get_original("time", "sleep")
+    get_ident = gevent.monkey.get_original("threading", "get_ident")
+    main, real_replace = get_ident(), os.replace
+
+    def replace_slowly_off_the_loop(src: Any, dst: Any) -> None:
+        if get_ident() != main:
+            native_sleep(SLOW_S)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_slowly_off_the_loop)
+    monkeypatch.setattr(controller, "WRITE_EVERY_S", 0.01)
+    monkeypatch.setattr(
+        finalisation, "build_document", lambda state, partial, samples: {"partial": partial}
+    )
+
+    def end_during_a_partial_write(out: Path, wait: bool) -> bool:
+        out.mkdir()
+        collecting = iter([True, True])  # the loop's test, then the one after its sleep
+        state = SimpleNamespace(
+            out_dir=out, partial_write=None, _collecting=lambda: next(collecting, False)
+        )
+        writer = gevent.spawn(HarnessState._write_periodically, state)
+        gevent.sleep(0.1)  # the partial write is in its slow rename on the threadpool
+        assert state.partial_write is not None and not state.partial_write.ready()
+        if wait:
+            finalisation._wait_partial_write(state)
+        finalisation.write_results(state, partial=False, samples=None)
+        writer.join(timeout=5)
+        native_sleep(SLOW_S + 0.1)  # whatever was still on its way has landed
+        return json.loads((out / "results.json").read_text())["partial"]
+
+    assert end_during_a_partial_write(tmp_path / "control", wait=False) is True
+    assert end_during_a_partial_write(tmp_path / "waits", wait=True) is False

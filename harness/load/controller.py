@@ -84,6 +84,9 @@ class HarnessState:
         self.run_dir = Path(options.out)
         self.runs: list[dict[str, Any]] = []  # web UI: every run so far, with its verdict
         self.judging: gevent.Greenlet | None = None
+        # the partial results.json being written on the threadpool (None: none yet); the
+        # final write waits for it, so a partial one never lands after it
+        self.partial_write: Any = None
         self.sut = SutControl(options, Path(options.out))  # outlives a run (web UI restarts)
         self.load = LoadProcess(environment, options, self.scenario, self.is_worker)
         self._written = gevent.event.Event()  # set once a run's final results are on disk
@@ -302,13 +305,16 @@ class HarnessState:
         # and fsync'd write, tens of ms of CPU and a disk wait of any length, on a native
         # thread: on the loop, every send due meanwhile left late.
         pool = gevent.get_hub().threadpool
+
+        def off_loop(write: Any) -> None:
+            self.partial_write = pool.spawn(write)
+            self.partial_write.get()
+
         while self._collecting():
             gevent.sleep(WRITE_EVERY_S)
             if self._collecting():
                 with contextlib.suppress(Exception):
-                    finalisation.write_results(
-                        self, partial=True, samples=None, off_loop=pool.apply
-                    )
+                    finalisation.write_results(self, partial=True, samples=None, off_loop=off_loop)
 
     def progress(self) -> dict[str, Any]:
         """A live line's worth: elapsed/total, the current stage, recent req/s, p99, errors."""

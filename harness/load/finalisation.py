@@ -47,9 +47,20 @@ def finish_run(state: HarnessState) -> Path:
     samples = state.tasks.stop(state.out_dir / "samples")
     state.aggregate.finish()
     state.partial = is_partial(state)
+    _wait_partial_write(state)
     path = write_results(state, partial=state.partial, samples=samples)
     state.lifecycle.advance(RunState.WRITTEN)
     return path
+
+
+def _wait_partial_write(state: HarnessState, timeout_s: float = 60.0) -> None:
+    """Let a partial results.json still being written on the threadpool land first: it
+    must never replace the final one."""
+    pending = getattr(state, "partial_write", None)
+    if pending is not None and not pending.ready():
+        pending.wait(timeout_s)
+        if not pending.ready():
+            log.warning("harness: a partial results.json write still pending after %g s", timeout_s)
 
 
 def is_partial(state: HarnessState) -> bool:
