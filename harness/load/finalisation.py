@@ -56,7 +56,7 @@ def finish_run(state: HarnessState) -> Path:
 def _wait_partial_write(state: HarnessState, timeout_s: float = 60.0) -> None:
     """Let a partial results.json still being written on the threadpool land first: it
     must never replace the final one."""
-    pending = getattr(state, "partial_write", None)
+    pending = state.partial_write
     if pending is not None and not pending.ready():
         pending.wait(timeout_s)
         if not pending.ready():
