@@ -27,7 +27,15 @@ from harness.analysis import trend
 from harness.analysis.trend import TrendParams, leak_test, mann_kendall
 from harness.checks import validity
 from harness.checks.engine import validity_margins
-from harness.testing.checks import MIB, failed, passed, run, skipped, soak_result
+from harness.testing.checks import (
+    MIB,
+    failed,
+    inconclusive_rss_result,
+    passed,
+    run,
+    skipped,
+    soak_result,
+)
 
 T0 = 1_764_489_600.0
 
@@ -162,22 +170,12 @@ def test_without_a_sampler_the_workers_cpu_time_still_judges_saturation() -> Non
 # --- an inconclusive leak fails a full run ---------------------------------------------------
 
 
-def inconclusive_rss() -> dict[str, Any]:
-    rng = np.random.default_rng(1)
-    sc = soak_result()
-    t = np.asarray(sc["server"]["series"]["t"])
-    sc["server"]["series"]["rss_bytes"] = (
-        (100 + 1.2 * t / 60 + rng.normal(0, 1, 120)) * MIB
-    ).tolist()
-    return sc
-
-
 def test_inconclusive_leak_fails_a_full_run() -> None:
-    sc = inconclusive_rss()
+    sc = inconclusive_rss_result()
     skipped(run("soak.rss_trend", {**sc, "mode": "quick"}), "not conclusively", "full run")
     c = run("soak.rss_trend", {**sc, "mode": "full"})
     failed(c)
-    assert "not conclusively" in c.detail and "a full run" in c.detail and c.value > 1.0
+    assert "not conclusively" in c.detail and "a full run" in c.detail and c.value > c.threshold
     # explicit overrides both ways
     skipped(run("soak.rss_trend", {**sc, "mode": "full"}, inconclusive_fails_full=False))
     failed(run("soak.rss_trend", {**sc, "mode": "quick"}, inconclusive_fails=True))

@@ -182,7 +182,7 @@ CATALOG = Catalog(
             reads_server_samples=True,
             unit="MiB/min",
             op="<=",
-            defaults=_defaults(threshold=1.0, series="rss_bytes", **TREND_DEFAULTS),
+            defaults=_defaults(threshold=2.5, series="rss_bytes", **TREND_DEFAULTS),
             summary="memory leak detector (Theil–Sen slope + Mann–Kendall, warm-up excluded)",
             passes_when="no sustained RSS growth > {threshold} MiB/min (Theil–Sen + Hamed–Rao "
             "Mann–Kendall, random-walk guard, warm-up excluded; inconclusive fails `--full`)",

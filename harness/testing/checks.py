@@ -191,6 +191,23 @@ def soak_result(
     )
 
 
+def inconclusive_rss_result() -> dict[str, Any]:
+    """A soak whose RSS grows just above soak.rss_trend's default threshold S in noise as
+    wide as S: significant growth the detector cannot confirm (inconclusive). The detector
+    is scale-free (every statistic it uses moves with the series' unit), so the series is
+    drawn in units of S."""
+    from harness.catalog import CATALOG
+
+    s = float(CATALOG["soak.rss_trend"].defaults["threshold"])
+    rng = np.random.default_rng(1)
+    sc = soak_result()
+    t = np.asarray(sc["server"]["series"]["t"])
+    sc["server"]["series"]["rss_bytes"] = (
+        (100 + s * (1.2 * t / 60 + rng.normal(0, 1, len(t)))) * MIB
+    ).tolist()
+    return sc
+
+
 def good_steady(**overrides: Any) -> dict[str, Any]:
     sc = steady_result([5.0] * 3960)
     sc["check_config"] = {

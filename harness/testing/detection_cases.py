@@ -343,11 +343,11 @@ CASES: tuple[DetectionCase, ...] = (
         pin_capacity=True,
         duration_s=60,
         why="a per-request leak sized to 5 MiB/min at 0.6x of the healthy capacity "
-        "(threshold 1 MiB/min; measured 6.2 with a 75 s soak, CI ±0.1); 60 s keeps 45 s "
+        "(threshold 2.5 MiB/min; measured 6.2 with a 75 s soak, CI ±0.1); 60 s keeps 45 s "
         "after the warm-up quarter, 20 buckets for the slope CI. Not shorter: at 40 s a "
         "healthy twin's RSS still grew +1.13 MiB/min (CI 0.94–1.28, p=3e-5) — the "
-        "allocator settling after start-up, inside the judged span — a pass only because "
-        "the CI touched the threshold",
+        "allocator settling after start-up, inside the judged span — a pass then only "
+        "because the CI touched the threshold of the time, 1 MiB/min",
     ),
     DetectionCase(
         name="late-leak",
@@ -409,7 +409,8 @@ CASES: tuple[DetectionCase, ...] = (
         duration_s=60,
         allowed={
             "soak.rss_trend": "the same in-flight requests hold their buffers: measured "
-            "+1.0 MiB/min, inconclusive (CI 0.92–1.07)",
+            "+0.91 to +1.92 MiB/min in four runs (inconclusive or a leak against the "
+            "1 MiB/min of the time; under today's 2.5, with little room)",
         },
         why="per-batch work that grows with uptime (an ever-growing list scanned per "
         "call). Drift that is linear from start-up gives at most ~(end/start of the "
