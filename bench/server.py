@@ -1,9 +1,11 @@
 """Benchmark of the reference server: model ceiling, served throughput, batching ratio.
 
-    python bench/server.py [--duration 3] [--model-args "..."] [--small-model-args "..."]
+    python bench/server.py [--duration 3] [--rounds 3] [--model-args "..."]
+                           [--small-model-args "..."]
 
 Prints its conditions, then:
-  * in-process model throughput at batch 1 and at max batch (the ceiling);
+  * in-process model throughput at batch 1 and at max batch (its undisturbed speed, the
+    best of short windows);
   * served throughput, p50 and p99 at concurrency 1, 8, 32, 64 with batching on and with
     --max-batch-size 1, their ratio, and server CPU seconds per request;
   * the same at concurrency 32 for a small model (HTTP-bound: the server's own overhead);
@@ -11,12 +13,15 @@ Prints its conditions, then:
     batching at 1 user >= 0.95x no batching, at 32 users >= 90 % of the in-process
     ceiling and >= 4x no batching, and the small model >= 1,500 req/s at 32 users.
 
-Both servers of a model (batching on, max batch 1) run side by side and are loaded in
-turn at each concurrency, so each ratio compares two points measured seconds apart.
-The load generator is a keep-alive raw-socket HTTP/1.1 client in 2 processes x threads,
-closed loop, on the same box as the server (loopback only); the cores it used are
-printed beside the server's, so a run where it was the bottleneck says so. Each point
-runs a short warm-up and then ``--duration`` seconds; the whole run takes about 2 minutes.
+Both servers of a model (batching on, max batch 1) run side by side; each concurrency's
+``--duration`` seconds are split into ``--rounds`` rounds that alternate between them
+(each round after a 0.5 s warm-up), and the in-process model is timed right before and
+right after each batching round, as long as the round: every ratio compares figures
+taken seconds apart, pooled over rounds, so a slow or fast moment of a shared box falls
+on both sides alike. The load generator is a keep-alive raw-socket HTTP/1.1 client in
+2 processes x threads, closed loop, on the same box as the server (loopback only); the
+cores it used are printed beside the server's, so a run where it was the bottleneck says
+so. The whole run takes about 3 minutes.
 """
 
 from __future__ import annotations
@@ -187,7 +192,8 @@ def model_counters(port: int, model: str) -> tuple[int, int, int]:
 
 def served_point(
     port: int, pid: int, req: bytes, concurrency: int, seconds: float, model: str
-) -> dict[str, float]:
+) -> dict[str, Any]:
+    """One closed-loop window's raw figures (``pooled`` turns rounds of them into a point)."""
     procs = 1 if concurrency == 1 else 2
     per = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
     warmup = 0.5
@@ -210,20 +216,41 @@ def served_point(
     )
     for w in workers:
         w.join(30)
-    lat = np.concatenate([r[0] for r in results])
-    errors = sum(r[1] for r in results)
-    n = len(lat)
     return {
-        "rps": n / min(elapsed, seconds),
+        "lat": np.concatenate([r[0] for r in results]),
+        "window_s": min(elapsed, seconds),
+        "elapsed_s": elapsed,
+        "server_cpu_s": cpu1 - cpu0,
+        # the clients' CPU over their warm-up and window: an upper bound for the window
+        "client_cpu_s": sum(r[2] for r in results),
+        "client_s": seconds + warmup,
+        "errors": sum(r[1] for r in results),
+        "executions": executions,
+        "inferences": inferences,
+        "infer_ns": infer_ns,
+    }
+
+
+def pooled(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """One point's figures from its rounds, pooled: every request and second counted once."""
+    lat = np.concatenate([r["lat"] for r in rounds])
+    n = len(lat)
+    elapsed = sum(r["elapsed_s"] for r in rounds)
+    cpu = sum(r["server_cpu_s"] for r in rounds)
+    executions = sum(r["executions"] for r in rounds)
+    infer_ns = sum(r["infer_ns"] for r in rounds)
+    return {
+        "rps": n / sum(r["window_s"] for r in rounds),
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if n else float("nan"),
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if n else float("nan"),
-        "cpu_s_per_req": (cpu1 - cpu0) / n if n else float("nan"),
-        "server_cores": (cpu1 - cpu0) / elapsed,
-        # the clients' CPU over their warm-up and window: an upper bound for the window
-        "client_cores": sum(r[2] for r in results) / (seconds + warmup),
-        "errors": errors,
+        "cpu_s_per_req": cpu / n if n else float("nan"),
+        "server_cores": cpu / elapsed,
+        "client_cores": sum(r["client_cpu_s"] for r in rounds) / sum(r["client_s"] for r in rounds),
+        "errors": sum(r["errors"] for r in rounds),
         "n": n,
-        "mean_batch": inferences / executions if executions else float("nan"),
+        "mean_batch": sum(r["inferences"] for r in rounds) / executions
+        if executions
+        else float("nan"),
         "model_busy": infer_ns / 1e9 / elapsed,
         "model_ms_per_batch": infer_ns / 1e6 / executions if executions else float("nan"),
     }
@@ -235,16 +262,19 @@ def served_pairs(
     width: int,
     levels: tuple[int, ...],
     seconds: float,
-    ceiling: Callable[[], float] | None = None,
+    ceiling: Callable[[float], float] | None = None,
+    rounds: int = 3,
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
-    """(batching on, --max-batch-size 1): both servers run at once, and at each
-    concurrency one is measured right after the other. With ``ceiling``, the in-process
-    model's throughput is also measured right before and right after each batching point
-    (the servers idle meanwhile), as ``ceiling_before`` and ``ceiling_after``: a shared
-    box's speed drifts by tens of percent within minutes, so a ratio to the ceiling is
-    only honest between figures taken seconds apart."""
+    """(batching on, --max-batch-size 1): both servers run at once, and each concurrency's
+    ``seconds`` are split into ``rounds`` that alternate between them, pooled per server.
+    With ``ceiling``, the in-process model's throughput is also measured right before and
+    right after each batching round, as long as the round (the servers idle meanwhile), as
+    ``ceiling_before`` and ``ceiling_after`` (means over the rounds). This box's speed
+    drifts by ten percent and more within seconds: a ratio between two figures is only
+    honest when slow and fast moments fall on both alike."""
     batched: dict[int, dict[str, float]] = {}
     single: dict[int, dict[str, float]] = {}
+    per_round = seconds / rounds
     with contextlib.ExitStack() as stack:
         on = stack.enter_context(
             start_server(*server_args, "--queue-size", "1024", ready_timeout=60)
@@ -255,16 +285,34 @@ def served_pairs(
             )
         )
         for c in levels:
-            before = ceiling() if ceiling is not None else None
-            batched[c] = served_point(
-                on.port, on.pid, _request_bytes(on.port, model, width), c, seconds, model
-            )
+            a: list[dict[str, Any]] = []
+            b: list[dict[str, Any]] = []
+            before: list[float] = []
+            after: list[float] = []
+            for _ in range(rounds):
+                if ceiling is not None:
+                    before.append(ceiling(per_round))
+                a.append(
+                    served_point(
+                        on.port, on.pid, _request_bytes(on.port, model, width), c, per_round, model
+                    )
+                )
+                if ceiling is not None:
+                    after.append(ceiling(per_round))
+                b.append(
+                    served_point(
+                        off.port,
+                        off.pid,
+                        _request_bytes(off.port, model, width),
+                        c,
+                        per_round,
+                        model,
+                    )
+                )
+            batched[c], single[c] = pooled(a), pooled(b)
             if ceiling is not None:
-                batched[c]["ceiling_before"] = before
-                batched[c]["ceiling_after"] = ceiling()
-            single[c] = served_point(
-                off.port, off.pid, _request_bytes(off.port, model, width), c, seconds, model
-            )
+                batched[c]["ceiling_before"] = sum(before) / rounds
+                batched[c]["ceiling_after"] = sum(after) / rounds
     return batched, single
 
 
@@ -325,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--duration", type=float, default=3.0, help="seconds per measured point")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds each point's seconds are split into, alternating between the servers",
+    )
     p.add_argument("--model-args", default="--model mlp", help="server flags of the main model")
     p.add_argument(
         "--small-model-args",
@@ -349,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"client: raw-socket keep-alive HTTP/1.1, closed loop, 2 processes x threads, same box; "
-        f"{ns.duration:g} s per point after 0.5 s warm-up; batch-1 requests; queue-size 1024"
+        f"{ns.duration:g} s per point in {ns.rounds} rounds alternating between the two servers, "
+        "each after a 0.5 s warm-up; batch-1 requests; queue-size 1024"
     )
     print()
 
@@ -371,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         width,
         CONCURRENCY,
         ns.duration,
-        ceiling=lambda: inproc.mean(cfg.max_batch_size, ns.duration),
+        ceiling=lambda seconds: inproc.mean(cfg.max_batch_size, seconds),
+        rounds=ns.rounds,
     )
     print(f"## served: {shlex.join(model_args)}")
     print(
@@ -392,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     print("## the batching server's own statistics (statistics extension), per point")
     print(
         f"model ms per batch in the server, beside the in-process model's ms per batch of "
-        f"{cfg.max_batch_size} over {ns.duration:g} s right before and right after the point; "
+        f"{cfg.max_batch_size} over {ns.duration / ns.rounds:g} s right before and right after "
+        "each of the point's rounds; "
         "model busy = share of the window the model computed"
     )
     print(
@@ -410,7 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
 
     swidth = small.mlp_dims[0] if small.model == "mlp" else small.sim_dims[0]
-    small_on, small_off = served_pairs(small_args, small.served_name, swidth, (32,), ns.duration)
+    small_on, small_off = served_pairs(
+        small_args, small.served_name, swidth, (32,), ns.duration, rounds=ns.rounds
+    )
     sb, ss = small_on[32], small_off[32]
     print(f"## served, small model: {shlex.join(small_args)} (concurrency 32)")
     print("| batching | req/s | p50 ms | p99 ms | CPU s/req | errors |")
