@@ -45,7 +45,9 @@ class DetectionCase:
     sut_cores: str | None = None
     duration_s: float | None = None  # --duration: shortened where detection stays reliable
     pin_capacity: bool = False  # pass the healthy run's capacity as --capacity-rps
-    pin_scale: float = 1.0  # ... times this (< 1: the scenario's "0.6x" offers less)
+    # or this capacity, whatever the healthy run measured: for a defect whose own limit
+    # does not move with the machine's speed (the scenario's "0.6x" is then 0.6 of it)
+    pin_rps: float | None = None
     per_min: float | None = None
     per_min_kind: str = ""  # "bytes" | "every"
     locust_args: tuple[str, ...] = ()
@@ -114,10 +116,12 @@ class DetectionCase:
             argv += ["--sut-cores", self.sut_cores]
         if self.duration_s is not None:
             argv += ["--duration", f"{self.duration_s:g}"]
-        if self.pin_capacity:
+        if self.pin_rps is not None:
+            argv.append(f"--locust-arg=--capacity-rps={self.pin_rps:g}")
+        elif self.pin_capacity:
             if capacity_rps is None:
                 raise ValueError(f"case {self.name!r} pins the healthy capacity; none measured")
-            argv.append(f"--locust-arg=--capacity-rps={capacity_rps * self.pin_scale:.1f}")
+            argv.append(f"--locust-arg=--capacity-rps={capacity_rps:.1f}")
         elif twin_capacity is not None:
             argv.append(f"--locust-arg=--capacity-rps={twin_capacity!r}")
         argv += [f"--locust-arg={a}" for a in self.locust_args]
