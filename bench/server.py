@@ -284,6 +284,8 @@ def served_pairs(
                 *server_args, "--max-batch-size", "1", "--queue-size", "1024", ready_timeout=60
             )
         )
+        req_on = _request_bytes(on.port, model, width)
+        req_off = _request_bytes(off.port, model, width)
         for c in levels:
             a: list[dict[str, Any]] = []
             b: list[dict[str, Any]] = []
@@ -292,23 +294,10 @@ def served_pairs(
             for _ in range(rounds):
                 if ceiling is not None:
                     before.append(ceiling(per_round))
-                a.append(
-                    served_point(
-                        on.port, on.pid, _request_bytes(on.port, model, width), c, per_round, model
-                    )
-                )
+                a.append(served_point(on.port, on.pid, req_on, c, per_round, model))
                 if ceiling is not None:
                     after.append(ceiling(per_round))
-                b.append(
-                    served_point(
-                        off.port,
-                        off.pid,
-                        _request_bytes(off.port, model, width),
-                        c,
-                        per_round,
-                        model,
-                    )
-                )
+                b.append(served_point(off.port, off.pid, req_off, c, per_round, model))
             batched[c], single[c] = pooled(a), pooled(b)
             if ceiling is not None:
                 batched[c]["ceiling_before"] = sum(before) / rounds
@@ -318,7 +307,7 @@ def served_pairs(
 
 def adjacent_ceiling(point: dict[str, float]) -> float:
     """The in-process ceiling a served point is judged against: the mean of the
-    measurements right before and right after it, each as long as the point."""
+    measurements right before and right after each of its rounds, each as long as a round."""
     return (point["ceiling_before"] + point["ceiling_after"]) / 2
 
 
