@@ -104,6 +104,16 @@ def test_a_case_pins_its_twins_capacity_when_the_twin_ran_and_probes_its_own_oth
         assert not any("--capacity-rps" in a for a in case.harness_argv("out", None))
 
 
+def test_a_case_with_an_absolute_rate_offers_it_whatever_the_healthy_run_measured():
+    absolute = [c for c in CASES if c.pin_rps is not None]
+    assert absolute, "no case pins an absolute rate"
+    for case in absolute:
+        for measured in (345.0, 711.0):
+            argv = case.harness_argv("out", measured)
+            assert f"--locust-arg=--capacity-rps={case.pin_rps:g}" in argv, case.name
+            assert not any(f"{measured:.1f}" in a for a in argv), case.name
+
+
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
     case = BY_NAME[CAPACITY_CASE]
