@@ -132,6 +132,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         tr.write_line(
             f"  {rest_s:7.1f} s  {sum(len(t) for _, t in rest):3d} tests  {len(rest)} other files"
         )
+    from harness.testing.detection import RETRIED
+
+    if RETRIED:
+        lost = sum(r[2] for r in RETRIED)
+        tr.write_line(f"  {len(RETRIED)} invalid attempts run again, {lost:.0f} s:")
+        for where, scenario, spent, reason in RETRIED:
+            tr.write_line(f"    {where} ({scenario}, {spent:.0f} s): {reason[:160]}")
     for var in ("HARNESS_CI_SETUP_DONE", "HARNESS_VLLM_SETUP_DONE"):
         done = os.environ.get(var)
         if done and os.path.exists(done):

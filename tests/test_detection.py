@@ -184,3 +184,20 @@ def test_detection(
         f"{case.name}: {'; '.join(problems)} (results in {run.out_dir}, "
         f"command: {' '.join(run.argv)})"
     )
+
+
+def test_attempts_set_aside_are_noted_for_the_time_ledger() -> None:
+    from harness.testing.detection import RETRIED, note_retries
+
+    before = len(RETRIED)
+    doc = {
+        "scenarios": [
+            {"name": "freeze", "attempts": [{"elapsed_s": 31.5, "validity": ["dispatch lag"]}]},
+            {"name": "steady_state"},
+        ]
+    }
+    try:
+        note_retries("detection case stall-trip", doc)
+        assert RETRIED[before:] == [("detection case stall-trip", "freeze", 31.5, "dispatch lag")]
+    finally:
+        del RETRIED[before:]

@@ -22,10 +22,12 @@ __all__ = [
     "CASES",
     "NOT_PLANTABLE",
     "SHARED_RUNS",
+    "RETRIED",
     "CaseRun",
     "DetectionCase",
     "capacity_of",
     "judge",
+    "note_retries",
     "run_case",
     "share_from_acceptance",
     "wrong_side",
@@ -113,11 +115,26 @@ SHARED_RUNS: dict[str, CaseRun] = {}
 # the quick acceptance run's scenario results by name, for slow tests that need a healthy
 # run of one of them on the reference server (one run fewer in a CI session)
 ACCEPTANCE_SCENARIOS: dict[str, Mapping] = {}
+# Attempts set aside as invalid (a disturbed machine) and run again, this session: (where,
+# scenario, seconds spent, first reason), for the session's time ledger — a retried run
+# costs its whole length again, and a CI log should say which and why.
+RETRIED: list[tuple[str, str, float, str]] = []
+
+
+def note_retries(where: str, doc: Mapping) -> None:
+    """Record the attempts ``doc``'s scenarios set aside (``scenarios[].attempts``)."""
+    for sc in doc.get("scenarios") or []:
+        for a in sc.get("attempts") or []:
+            reasons = a.get("validity") or ["?"]
+            RETRIED.append(
+                (where, str(sc.get("name")), float(a.get("elapsed_s") or 0.0), str(reasons[0]))
+            )
 
 
 def share_from_acceptance(doc: Mapping, out_dir: str, argv: Sequence[str]) -> None:
     """Offer the scenarios of a quick acceptance run (its results in ``out_dir``, one
     directory per scenario) as the healthy cases they are twins of."""
+    note_retries("quick acceptance", doc)
     for s in doc.get("scenarios") or []:
         if s.get("mode") == "quick" and s.get("verdict") == "pass":
             ACCEPTANCE_SCENARIOS[str(s.get("name"))] = s
@@ -204,4 +221,5 @@ def run_case(
         "capacity_rps": capacity_rps,
     }
     (Path(out_dir) / "detection_case.json").write_text(json.dumps(meta, indent=1))
+    note_retries(f"detection case {case.name}", doc)
     return CaseRun(case, code, doc, wall, tuple(argv), out_dir)
