@@ -274,3 +274,33 @@ def test_busy_cores_rescan_the_run_only_after_a_process_started(monkeypatch) -> 
     for t in quiet + started:
         assert t is not None and t.foreign_cpu_pct is not None and t.foreign_cpu_pct > 15
     assert any(tenant.pid in {p for p, _, _ in t.foreign_procs} for t in quiet + started)
+
+
+def test_a_pass_over_proc_is_reused_for_trees_only_while_no_process_started(monkeypatch) -> None:
+    """Who is whose child is read again only once a process has started on the host (its
+    last pid moved) or the pass is ``REUSE_S`` old; CPU figures are always read afresh."""
+    host_last_pid = [1000]
+    monkeypatch.setattr(procfs, "last_pid", lambda: host_last_pid[0])
+    procfs.process_table(max_age_s=0.0, cpu=True)  # a pass made under the patched clock
+    first, _ = procfs.process_table()
+    time.sleep(0.01)
+    assert procfs.descendants(os.getppid(), max_age_s=0.0) is not None
+    assert procfs.process_table(max_age_s=0.0)[0] == first  # nothing started: reused
+    assert procfs.process_table(max_age_s=0.0, cpu=True)[0] > first  # CPU: always afresh
+    second, _ = procfs.process_table()
+    host_last_pid[0] += 1  # a process started somewhere on the host
+    time.sleep(0.01)
+    third, _ = procfs.process_table(max_age_s=0.0)
+    assert third > second
+    monkeypatch.setattr(procfs, "REUSE_S", 0.005)
+    time.sleep(0.01)
+    assert procfs.process_table(max_age_s=0.0)[0] > third  # too old to reuse
+    # a child started since the last pass is found: its start moved the last pid
+    monkeypatch.undo()
+    procfs.process_table(max_age_s=0.0, cpu=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in (procfs.descendants(os.getpid(), max_age_s=0.0) or [])
+    finally:
+        child.kill()
+        child.wait()

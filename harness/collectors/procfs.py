@@ -330,11 +330,21 @@ class ProcRow(NamedTuple):
 
 _TABLE: tuple[float, dict[int, ProcRow], dict[int, list[int]]] = (-1e18, {}, {})
 
+# A pass over /proc asked for *who is whose child* is reused, however old, while no
+# process or thread has been started on the host since it began (the host's last pid has
+# not moved) and it is younger than this: a process joins a tree only by being started,
+# and one that exited since is simply not found when it is read. The CPU figures of a pass
+# are never reused so (``process_table(cpu=True)``); the bound keeps a pass recent enough
+# for them to be compared with (system.py names another tenant from two passes).
+REUSE_S = 25.0
 
-def process_table(max_age_s: float = 0.5) -> tuple[float, dict[int, ProcRow]]:
+
+def process_table(max_age_s: float = 0.5, *, cpu: bool = False) -> tuple[float, dict[int, ProcRow]]:
     """(when, pid → ProcRow) for every process on the host, from one pass over
-    /proc/*/stat (shared with ``children_map`` while younger than ``max_age_s``)."""
-    _pass(max_age_s)
+    /proc/*/stat (shared with ``children_map`` while younger than ``max_age_s``, or while
+    no process started since it, up to ``REUSE_S``). ``cpu``: the rows' ``cpu_ticks``
+    are to be read as of now, so a pass is shared only while younger than ``max_age_s``."""
+    _pass(max_age_s, cpu=cpu)
     return _TABLE[0], _TABLE[1]
 
 
@@ -343,7 +353,8 @@ def children_map(max_age_s: float = 0.5) -> dict[int, list[int]]:
 
     A pass reads every process's stat (~4 ms on a box with 80 processes); the samplers
     ask for several trees (the SUT's, the generator's, the SUT's again to exclude it) at
-    each rescan, so a pass younger than ``max_age_s`` is shared between them.
+    each rescan, so a pass younger than ``max_age_s`` is shared between them, and one up
+    to ``REUSE_S`` old while no process has started on the host since it.
     """
     _pass(max_age_s)
     return _TABLE[2]
@@ -368,12 +379,15 @@ def pass_last_pid() -> int | None:
     return _PASS_LAST_PID
 
 
-def _pass(max_age_s: float) -> None:
+def _pass(max_age_s: float, cpu: bool = False) -> None:
     global _TABLE, _PASS_LAST_PID
     now = time.monotonic()
-    if now - _TABLE[0] <= max_age_s:
+    age = now - _TABLE[0]
+    if age <= max_age_s:
         return
     started = last_pid()
+    if not cpu and age <= REUSE_S and started is not None and started == _PASS_LAST_PID:
+        return  # nothing started since the last pass: its trees still hold
     rows: dict[int, ProcRow] = {}
     table: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):

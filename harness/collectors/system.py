@@ -228,7 +228,7 @@ class SystemSampler:
     def _foreign(self, run: set[int], since: float) -> tuple[tuple[int, str, float], ...]:
         """The busiest processes outside the run since the last pass over /proc (a pass
         made after monotonic ``since`` — this tick's — is used as it is)."""
-        when, rows = procfs.process_table(max_age_s=max(0.0, time.monotonic() - since))
+        when, rows = procfs.process_table(max_age_s=max(0.0, time.monotonic() - since), cpu=True)
         # the newest earlier pass at least half a second old (a rescan this tick made one)
         before = next((tb for tb in reversed(self._tables) if 0.5 <= when - tb[0] <= 30), None)
         self._remember((when, rows))
