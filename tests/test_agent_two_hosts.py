@@ -28,7 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, locust_cmd, scenario_result, stop
+from harness.testing.locust_runs import (
+    MECHANICS_CHECKLIST,
+    REPO,
+    locust_cmd,
+    scenario_result,
+    shipped_scenario_with,
+    stop,
+)
 from harness.testing.tls import make_certs
 
 pytestmark = pytest.mark.slow
@@ -64,12 +71,8 @@ def _scenario_file(scenario: str, out: Path) -> str:
     ``CONTENTION_RATE`` (everything else as shipped)."""
     if scenario != "contention":
         return scenario
-    text = (REPO / "scenarios" / "contention.toml").read_text()
-    assert text.count(SHIPPED_CONTENTION_RATE) == 1, "the shipped contention rate changed"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "contention.toml"
-    path.write_text(text.replace(SHIPPED_CONTENTION_RATE, f'rate = "{CONTENTION_RATE}"'))
-    return str(path)
+    instead = f'rate = "{CONTENTION_RATE}"'
+    return str(shipped_scenario_with("contention", SHIPPED_CONTENTION_RATE, instead, out))
 
 
 SOAK_CHECKS = ("soak.rss_trend", "soak.threads_trend", "soak.fds_trend")

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, stop
+from harness.testing.locust_runs import MECHANICS_CHECKLIST, REPO, shipped_scenario_with, stop
 from harness.testing.server import wait_http_ok
 
 pytestmark = pytest.mark.slow
@@ -90,11 +90,7 @@ SHIPPED_HIGH_RATE = 'rate = "0.9x"'
 def _integrity_below_capacity(out: Path) -> Path:
     """scenarios/integrity.toml with its high stage at ``HIGH_RATE`` (everything else as
     shipped), written under ``out``; fails if the shipped high rate is no longer 0.9x."""
-    text = (REPO / "scenarios" / "integrity.toml").read_text()
-    assert text.count(SHIPPED_HIGH_RATE) == 1, "the shipped integrity high stage changed"
-    path = out / "integrity.toml"
-    path.write_text(text.replace(SHIPPED_HIGH_RATE, f'rate = "{HIGH_RATE}"'))
-    return path
+    return shipped_scenario_with("integrity", SHIPPED_HIGH_RATE, f'rate = "{HIGH_RATE}"', out)
 
 
 def _run(scenario: str, url: str, pid: int, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:

@@ -63,6 +63,18 @@ def run_locust(*args: str, timeout: float = 90.0, cwd: Path = REPO) -> subproces
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
 
 
+def shipped_scenario_with(name: str, line: str, instead: str, out: Path) -> Path:
+    """scenarios/NAME.toml with its one ``line`` replaced by ``instead`` (everything else
+    as shipped), written to ``out``/NAME.toml; fails if the shipped file no longer holds
+    ``line`` exactly once (the test's reason for the change would be stale)."""
+    text = (REPO / "scenarios" / f"{name}.toml").read_text()
+    assert text.count(line) == 1, f"scenarios/{name}.toml no longer has {line!r} once"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.toml"
+    path.write_text(text.replace(line, instead))
+    return path
+
+
 def scenario_result(out_dir: Path) -> dict[str, Any]:
     doc = json.loads((out_dir / "results.json").read_text())
     assert doc["schema"] == "harness.results/1"
