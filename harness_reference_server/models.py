@@ -7,10 +7,15 @@ model-worker threads, never from the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -94,6 +99,18 @@ class MLPModel(Model):
         self._layers: list[tuple[np.ndarray, np.ndarray]] = []
 
     def _build(self) -> None:
+        """The weights from the weight file, as a model server loads its checkpoint; the
+        first start on a machine generates them from the seed (~0.5 s for the default
+        dims, every start paid it before) and writes that file (``weight_file``)."""
+        path = weight_file(self.dims, self.seed)
+        layers = _read_layers(path, self.dims) if path is not None else None
+        if layers is None:
+            layers = self._generate()
+            if path is not None:
+                _write_layers(path, layers)
+        self._layers = layers
+
+    def _generate(self) -> list[tuple[np.ndarray, np.ndarray]]:
         rng = np.random.default_rng(self.seed)
         layers = []
         for fan_in, fan_out in zip(self.dims, self.dims[1:], strict=False):
@@ -101,7 +118,7 @@ class MLPModel(Model):
             w *= np.float32(np.sqrt(2.0 / fan_in))
             b = rng.standard_normal(fan_out, dtype=np.float32) * np.float32(0.01)
             layers.append((w, b))
-        self._layers = layers
+        return layers
 
     def _predict(self, x: np.ndarray) -> np.ndarray:
         last = len(self._layers) - 1
@@ -111,6 +128,62 @@ class MLPModel(Model):
             if i < last:
                 np.maximum(x, 0, out=x)
         return x
+
+
+# Where the MLP's weights are kept between starts: $HARNESS_REFERENCE_WEIGHTS (a
+# directory; "off" generates them at every start and keeps nothing), else
+# $XDG_CACHE_HOME/harness-reference-server, else ~/.cache/harness-reference-server.
+WEIGHTS_ENV = "HARNESS_REFERENCE_WEIGHTS"
+
+
+def weight_file(dims: tuple[int, ...], seed: int) -> Path | None:
+    """The file holding the MLP's weights for ``dims`` and ``seed``; None when turned off."""
+    where = os.environ.get(WEIGHTS_ENV)
+    if where == "off":
+        return None
+    if where:
+        base = Path(where)
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = Path(cache) / "harness-reference-server"
+    return base / f"mlp-{'x'.join(map(str, dims))}-seed{seed}.npz"
+
+
+def _read_layers(path: Path, dims: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The layers kept in ``path``, or None when it is missing, unreadable or not the
+    shapes ``dims`` make (then they are generated again and the file rewritten)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            layers = [(f[f"w{i}"], f[f"b{i}"]) for i in range(len(dims) - 1)]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    for (w, b), fan_in, fan_out in zip(layers, dims, dims[1:], strict=False):
+        if w.shape != (fan_in, fan_out) or b.shape != (fan_out,) or w.dtype != np.float32:
+            return None
+    return layers
+
+
+def _write_layers(path: Path, layers: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Write ``layers`` to ``path`` whole or not at all (a temporary file renamed: servers
+    starting at once each write their own); a directory that cannot be written keeps
+    nothing, and the next start generates the weights again."""
+    arrays = {}
+    for i, (w, b) in enumerate(layers):
+        arrays[f"w{i}"], arrays[f"b{i}"] = w, b
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 class SimModel(Model):

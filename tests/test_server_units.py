@@ -251,6 +251,40 @@ def test_mlp_is_deterministic_and_batch_invariant() -> None:
     assert not np.allclose(MLPModel("m", (8, 32, 4), seed=4).predict(x), ya)
 
 
+def test_mlp_weights_are_generated_once_then_read_from_their_file(tmp_path, monkeypatch) -> None:
+    from harness_reference_server import models
+
+    monkeypatch.setenv(models.WEIGHTS_ENV, str(tmp_path))
+    x = np.random.default_rng(0).standard_normal((3, 8), dtype=np.float32)
+    first = MLPModel("m", (8, 32, 4), seed=3)
+    y = first.predict(x)
+    (kept,) = tmp_path.iterdir()
+    assert kept == models.weight_file((8, 32, 4), 3)
+
+    def never(self):
+        raise AssertionError("generated again although the file holds them")
+
+    monkeypatch.setattr(MLPModel, "_generate", never)
+    np.testing.assert_array_equal(MLPModel("m", (8, 32, 4), seed=3).predict(x), y)
+    monkeypatch.undo()
+    monkeypatch.setenv(models.WEIGHTS_ENV, str(tmp_path))
+    # another seed or shape is another file; a file that is not whole is generated again
+    assert models.weight_file((8, 32, 4), 4) != kept != models.weight_file((8, 16, 4), 3)
+    kept.write_bytes(kept.read_bytes()[:100])
+    np.testing.assert_array_equal(MLPModel("m", (8, 32, 4), seed=3).predict(x), y)
+    assert models._read_layers(kept, (8, 32, 4)) is not None  # rewritten whole
+    assert [p.name for p in tmp_path.iterdir()] == [kept.name]  # no temporary file left
+
+
+def test_mlp_weights_are_kept_nowhere_when_turned_off(tmp_path, monkeypatch) -> None:
+    from harness_reference_server import models
+
+    monkeypatch.setenv(models.WEIGHTS_ENV, "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    MLPModel("m", (8, 32, 4), seed=3).load()
+    assert models.weight_file((8, 32, 4), 3) is None and not any(tmp_path.iterdir())
+
+
 def test_sim_costs_base_plus_item_and_outputs_depend_on_input() -> None:
     slept: list[float] = []
     m = SimModel("s", (4, 2), base_ms=15, item_ms=0.5, seed=0, sleep=slept.append)
