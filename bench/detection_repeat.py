@@ -146,7 +146,13 @@ def run_all(cases: Sequence[DetectionCase], runs: int, out: Path) -> list[Outcom
         print(f"capacity {capacity} req/s pinned by an earlier slice ({pinned})", flush=True)
     else:
         healthy = BY_NAME[CAPACITY_CASE]
-        first = run_case(healthy, str(out / "capacity"), None, cwd=str(ROOT))
+        first = run_case(
+            healthy,
+            str(out / "capacity"),
+            None,
+            cwd=str(ROOT),
+            golden_cache=str(out / "golden.json"),
+        )
         capacity = capacity_of(first.doc)
         print(f"capacity {capacity} req/s from {CAPACITY_CASE}", flush=True)
         pinned.write_text(json.dumps({"capacity_rps": capacity}))
@@ -158,7 +164,9 @@ def run_all(cases: Sequence[DetectionCase], runs: int, out: Path) -> list[Outcom
                 pairs = [("control", case)]
             for role, c in pairs:
                 d = out / f"{case.name}" / f"{role}-{rep}"
-                r = run_case(c, str(d), capacity, cwd=str(ROOT))
+                r = run_case(
+                    c, str(d), capacity, cwd=str(ROOT), golden_cache=str(out / "golden.json")
+                )
                 o = reduce(case, role, rep, r.exit_code, r.doc, r.wall_s)
                 (d / "outcome.json").write_text(json.dumps(dataclasses.asdict(o), indent=1))
                 mark = (o.caught if role == "defect" else o.clean) and "ok" or "MISS"
@@ -213,7 +221,7 @@ def rerun_invalid(cases: Sequence[DetectionCase], out: Path) -> list[Outcome]:
             k += 1
         d.rename(d.with_name(f"{d.name}.invalid-{k}"))
         c = case if o.role == "defect" or case.expect_pass else control_of(case)
-        r = run_case(c, str(d), capacity, cwd=str(ROOT))
+        r = run_case(c, str(d), capacity, cwd=str(ROOT), golden_cache=str(out / "golden.json"))
         new = reduce(case, o.role, o.rep, r.exit_code, r.doc, r.wall_s)
         (d / "outcome.json").write_text(json.dumps(dataclasses.asdict(new), indent=1))
         print(

@@ -269,7 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases.sort(key=lambda c: c.name != CAPACITY_CASE)
         runs, capacity, t0 = [], None, time.monotonic()
         for case in cases:
-            run = run_case(case, str(base / case.name), capacity, cwd=str(ROOT))
+            run = run_case(
+                case,
+                str(base / case.name),
+                capacity,
+                cwd=str(ROOT),
+                golden_cache=str(base / "golden.json"),
+            )
             if case.name == CAPACITY_CASE:
                 capacity = capacity_of(run.doc)
             problems = judge(case, run.exit_code, run.doc)

@@ -32,6 +32,11 @@ from harness.finish import PARENT_RENDERS_ENV
 from harness.packaged import locustfile
 from harness.results import load_document
 
+# The session's golden file (OUT/golden.json), given to every scenario's Locust run through
+# the environment variable of its --golden-cache option.
+GOLDEN_FILE = "golden.json"
+GOLDEN_CACHE_ENV = "HARNESS_GOLDEN_CACHE"
+
 # How long Locust gets to write its partial results after SIGTERM before SIGKILL.
 STOP_GRACE_S = 30.0
 
@@ -281,6 +286,9 @@ def run_one(
     run = ScenarioRun(name=name, out_dir=out_dir)
     log_path = out_dir / "locust.log"
     env = {**os.environ, **settings.env, **settings.target.locust_env(), PARENT_RENDERS_ENV: "1"}
+    # one golden file per session: a scenario whose server answers as the last one's did
+    # reuses its golden outputs (harness.load.preparation); --golden-cache FILE overrides
+    env.setdefault(GOLDEN_CACHE_ENV, str(out_root / GOLDEN_FILE))
     loadgen = settings.loadgen_cores
 
     def pin() -> None:  # in the child between fork and exec: every thread inherits it

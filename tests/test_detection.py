@@ -114,12 +114,33 @@ def test_a_case_with_an_absolute_rate_offers_it_whatever_the_healthy_run_measure
             assert not any(f"{measured:.1f}" in a for a in argv), case.name
 
 
+def test_a_case_with_a_checklist_is_judged_with_it_and_so_is_its_twin(tmp_path) -> None:
+    from harness.checks.registry import load_checklist
+    from harness.testing.detection_case import CHECKLIST_FILE
+
+    cases = [c for c in CASES if c.checklist]
+    assert cases, "no case sets a checklist"
+    for case in cases:
+        argv = case.harness_argv(str(tmp_path), 500.0)
+        assert argv[argv.index("--checklist") + 1] == str(tmp_path / CHECKLIST_FILE)
+        (tmp_path / CHECKLIST_FILE).write_text(case.checklist_toml())
+        assert load_checklist(tmp_path / CHECKLIST_FILE) == case.checklist, case.name
+    assert not any("--checklist" in a for a in BY_NAME["stall"].harness_argv("out", 500.0))
+
+
 @pytest.fixture(scope="session")
-def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> CaseRun:
+def golden_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The golden file the session's cases share (harness.testing.detection.run_case)."""
+    return str(tmp_path_factory.mktemp("golden") / "golden.json")
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory, golden_file: str) -> CaseRun:
     case = BY_NAME[CAPACITY_CASE]
     if CAPACITY_CASE in SHARED_RUNS and not os.environ.get("HARNESS_DETECTION_OUT"):
         return SHARED_RUNS[CAPACITY_CASE]  # the quick checklist's steady_state, this session
-    return _run_case(case, _out_dir(tmp_path_factory, case.name), None, cwd=str(ROOT))
+    out = _out_dir(tmp_path_factory, case.name)
+    return _run_case(case, out, None, cwd=str(ROOT), golden_cache=golden_file)
 
 
 @pytest.fixture(scope="session")
@@ -156,7 +177,11 @@ def _param(case):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_detection(
-    case, healthy_run: CaseRun, server_help: str, tmp_path_factory: pytest.TempPathFactory
+    case,
+    healthy_run: CaseRun,
+    server_help: str,
+    golden_file: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     if case.name == CAPACITY_CASE:
         run = healthy_run
@@ -178,6 +203,7 @@ def test_detection(
             capacity,
             cwd=str(ROOT),
             twin_capacity=capacity_of(twin.doc) if twin is not None else None,
+            golden_cache=golden_file,
         )
     problems = judge(case, run.exit_code, run.doc)
     assert not problems, (

@@ -135,13 +135,13 @@ def test_golden_fetch_gives_up_on_a_server_that_keeps_failing() -> None:
     assert len(pauses) == GOLDEN_TRIES - 1
 
 
-def test_kept_golden_outputs_are_reused_only_for_the_same_server_process(tmp_path) -> None:
+def test_kept_golden_outputs_are_reused_as_such_only_for_the_same_server_process(tmp_path) -> None:
     """``--golden-cache``: a peak search's points all run against one server; the second
     point on reuses the golden outputs the first fetched (each fetch is 136 single
-    requests, 1-4 s on a batching server). Reused only when the server *process* is the
-    same one: a restarted server on the same port, other inputs, or a process this host
-    cannot see (no pid) fetch anew — a golden is never carried to a server it was not
-    asked of."""
+    requests, 1-4 s on a batching server). Reused as they are only when the server
+    *process* is the same one: a restarted server on the same port, other inputs, or a
+    process this host cannot see (no pid) do not match its key (another process of the
+    same model is checked first: the next test)."""
     from harness.load.target import fetch_golden, golden_key, keep_golden, kept_golden
     from harness.testing.server import start_server
 
@@ -170,6 +170,69 @@ def test_kept_golden_outputs_are_reused_only_for_the_same_server_process(tmp_pat
         assert {k: v for k, v in new_key.items() if k not in ("pid", "started")} == {
             k: v for k, v in key.items() if k not in ("pid", "started")
         }
+
+
+def test_a_golden_from_another_process_of_the_model_is_reused_only_once_it_still_holds(
+    tmp_path,
+) -> None:
+    """The next scenario's server (a new process of the same model): the kept golden of
+    the same model and pool is reused once its first inputs, asked again one at a time,
+    each get their kept output; a server of other weights (another seed), one that
+    answers errors, or another pool does not get it."""
+    from harness.load import target
+    from harness.testing.server import start_server
+
+    path = tmp_path / "golden.json"
+    meta = {"name": "sim", "platform": "simulated"}
+    with start_server("--model", "sim", "--sim-base-ms", "0") as srv:
+        pool = _sim_pool(srv.port, 12)
+        content = target.golden_content_key(pool, "sim", meta)
+        golden = target.fetch_golden(pool, "127.0.0.1", srv.port, 5.0)
+        key = target.golden_key(pool, f"http://127.0.0.1:{srv.port}", "sim", srv.pid)
+        target.keep_golden(path, key, golden, content)
+    with start_server("--model", "sim", "--sim-base-ms", "0") as same:
+        pool = _sim_pool(same.port, 12)
+        assert target.golden_content_key(pool, "sim", meta) == content  # port aside
+        kept = target.kept_golden_of_model(path, content)
+        assert kept is not None and kept.outputs == golden.outputs
+        assert target.golden_still_holds(kept, pool, "127.0.0.1", same.port, 5.0)
+        # other inputs, or the model's metadata changed: nothing kept for them
+        assert (
+            target.kept_golden_of_model(
+                path, target.golden_content_key(_sim_pool(same.port, 13), "sim", meta)
+            )
+            is None
+        )
+        assert (
+            target.kept_golden_of_model(
+                path, target.golden_content_key(pool, "sim", {**meta, "versions": ["2"]})
+            )
+            is None
+        )
+    with start_server("--model", "sim", "--sim-base-ms", "0", "--seed", "1") as other:
+        pool = _sim_pool(other.port, 12)
+        assert not target.golden_still_holds(kept, pool, "127.0.0.1", other.port, 5.0)
+    with start_server("--model", "sim", "--fault", "error-rate:1.0") as failing:
+        pool = _sim_pool(failing.port, 12)
+        assert not target.golden_still_holds(kept, pool, "127.0.0.1", failing.port, 5.0)
+
+
+def test_a_golden_file_keeps_one_entry_per_model_and_pool_the_newest_first(tmp_path) -> None:
+    from harness.load import target
+
+    path = tmp_path / "golden.json"
+    goldens = [build_golden([[float(i), float(k)] for i in range(4)]) for k in range(12)]
+    for k, g in enumerate(goldens):
+        target.keep_golden(path, {"pid": k}, g, {"pool": str(k % 10)})
+    entries = json.loads(path.read_text())["entries"]
+    assert len(entries) == target.GOLDEN_KEPT
+    assert [e["content"]["pool"] for e in entries[:3]] == ["1", "0", "9"]
+    # pools 0 and 1 were kept again: only their newest entries remain
+    assert target.kept_golden_of_model(path, {"pool": "1"}).outputs == goldens[11].outputs
+    assert target.kept_golden(path, {"pid": 1}) is None
+    assert target.kept_golden(path, {"pid": 11}).outputs == goldens[11].outputs
+    path.write_text("{not json")
+    assert target.kept_golden_of_model(path, {"pool": "1"}) is None  # fetched anew
 
 
 def test_own_distance_agrees_with_classify_and_refuses_what_is_not_a_number() -> None:

@@ -50,9 +50,9 @@ QUICK_BUDGET_S = {
     "cold_start": 25,
     "steady_state": 25,  # its healthy and defect cases are proven at 20 s
     "spike": 40,
-    "mixed_priority": 35,
-    "soak": 65,  # the leak cases are proven at 60 s
-    "contention": 65,
+    "mixed_priority": 25,  # its two rows are proven at 20 s
+    "soak": 45,  # the leak cases and their healthy twins are proven at 40 s
+    "contention": 40,  # its two rows are proven at 36 s
     "linearity": 30,  # its two rows are proven at 24 s on 2 cores (docs/detection-repeated.md)
     "integrity": 25,
     "network": 55,  # --full only (harness.acceptance.FULL_ONLY)
@@ -238,10 +238,12 @@ def test_mixed_priority_drives_above_capacity_with_a_high_minority() -> None:
 
 
 def test_contention_generates_alternating_blocks_and_hogs() -> None:
-    s = load_scenario("contention", "quick")
+    s = load_scenario("contention", "full")
     assert s.contention is not None
     kinds = [b.kind for b in s.contention.blocks]
-    assert kinds == ["baseline", "hog", "baseline", "hog", "after"]
+    assert kinds == ["baseline", "hog", "baseline", "hog", "baseline", "hog", "after"]
+    quick = load_scenario("contention", "quick").contention
+    assert quick is not None and [b.kind for b in quick.blocks] == ["baseline", "hog", "after"]
     assert [b.stage for b in s.contention.blocks] == [st.name for st in s.stages]
     hog_blocks = [b for b in s.contention.blocks if b.kind == "hog"]
     assert [(e.action, e.at_s, e.end_s) for e in s.chaos] == [
@@ -605,14 +607,14 @@ def test_packaged_check_overrides_are_parameters_the_checks_know() -> None:
 
 
 def test_with_duration_stretches_the_whole_timeline() -> None:
-    s = load_scenario("contention", "quick")
-    d = s.with_duration(45.0)
-    assert d.duration_s == pytest.approx(45.0)
-    assert [st.duration_s for st in d.stages] == pytest.approx([9.0] * 5)
-    assert [st.start_s for st in d.stages] == pytest.approx([0, 9, 18, 27, 36])
-    assert d.stages[0].warmup_s == pytest.approx(1.5)
-    assert [x for e in d.chaos for x in (e.at_s, e.end_s)] == pytest.approx([9, 18, 27, 36])
-    assert d.contention is not None and d.contention.blocks[-1].end_s == pytest.approx(45.0)
+    s = load_scenario("contention", "full")  # 7 blocks of 60 s, 5 s of warm-up each
+    d = s.with_duration(63.0)
+    assert d.duration_s == pytest.approx(63.0)
+    assert [st.duration_s for st in d.stages] == pytest.approx([9.0] * 7)
+    assert [st.start_s for st in d.stages] == pytest.approx([0, 9, 18, 27, 36, 45, 54])
+    assert d.stages[0].warmup_s == pytest.approx(0.75)
+    assert [x for e in d.chaos for x in (e.at_s, e.end_s)] == pytest.approx([9, 18, 27, 36, 45, 54])
+    assert d.contention is not None and d.contention.blocks[-1].end_s == pytest.approx(63.0)
     assert [st.rate for st in d.stages] == [st.rate for st in s.stages]
     with pytest.raises(ConfigError, match="--duration = 0 is not valid"):
         s.with_duration(0)

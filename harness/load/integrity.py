@@ -79,6 +79,13 @@ class Golden:
         """Inputs whose golden output no other input shares (within 2τ)."""
         return sum(1 for t in self.twins if len(t) == 1)
 
+    def holds_own(self, index: int, values: Sequence[Any]) -> bool:
+        """Whether ``values`` is pool input ``index``'s golden output: within τ, or for
+        outputs that are not numbers, equal."""
+        if self._rows:
+            return self.own_distance(index, values) is not None
+        return tuple(values) == self.outputs[index]
+
     def own_distance(self, index: int, values: Sequence[Any]) -> float | None:
         """max |value − golden| of an answer within τ of pool input ``index``'s golden
         output; None when it is not (or is not numeric, or has another length): then only

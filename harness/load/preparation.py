@@ -96,6 +96,8 @@ class Preparation:
         self.inputs: list[Any] = []  # the pool's inputs, as the protocol builds them
         self.golden: Golden | None = None
         self.golden_summary: dict[str, Any] | None = None
+        # how the golden outputs were had: "fetched", or kept and why (_golden)
+        self.golden_source: str | None = None
         # a streaming protocol verified by the reference server's oracle instead of
         # fetched golden outputs: what the plan tells every process (None: not verifying)
         self.oracle: dict[str, Any] | None = None
@@ -135,8 +137,8 @@ class Preparation:
         if load.verify and getattr(self.protocol, "streaming", False):
             self._stream_oracle(server_meta)
         elif load.verify:
-            self.golden = self._golden(pool, host, port, model)
-            self.golden_summary = self.golden.summary()
+            self.golden = self._golden(pool, host, port, model, meta)
+            self.golden_summary = {**self.golden.summary(), "golden": self.golden_source}
         self.capacity_rps = load.capacity_rps
         if self.scenario.needs_capacity and self.capacity_rps is None:
             self._calibrate(pool, max_batch)
@@ -146,22 +148,52 @@ class Preparation:
         self.sut_doc.update(http.current().describe(), metrics_url=self.opts.metrics_url)
         self.sut_doc["inputs"] = inputs_doc(self.opts)
 
-    def _golden(self, pool: payloads.PayloadPool, host: str, port: int, model: str) -> Golden:
+    def _golden(
+        self, pool: payloads.PayloadPool, host: str, port: int, model: str, model_meta: Any
+    ) -> Golden:
         """The pool's golden outputs: fetched one at a time, or with ``--golden-cache``
-        those an earlier run fetched from this same server process (a peak search's points
-        all run against one server: each would otherwise spend 1–4 s re-asking it the same
-        136 questions, more the longer its batching delay)."""
+        (``harness run`` / ``acceptance`` keep one per session) those an earlier run kept:
+
+        - fetched from this same server process: reused (a peak search's points all run
+          against one server: each would otherwise spend 1–4 s re-asking it the same 136
+          questions, more the longer its batching delay);
+        - fetched from another process of the same model and pool (the server the
+          previous scenario started and stopped): reused once the first
+          ``GOLDEN_RECHECK`` inputs, asked again alone, are each answered with their kept
+          output; any other answer fetches them all. A kept output that no longer held
+          for an input not asked again would show as a mismatch (a failed check), never
+          as a pass.
+        """
         timeout = self.scenario.load.request_timeout_s
         if not self.opts.golden_cache:
+            self.golden_source = "fetched"
             return target.fetch_golden(pool, host, port, timeout)
         path = Path(self.opts.golden_cache)
         key = target.golden_key(pool, self.base(), model, self.sut.pid())
         kept = target.kept_golden(path, key)
         if kept is not None:
             log.info("harness: golden outputs reused from %s (the same server process)", path)
+            self.golden_source = "kept: fetched from this server process before"
             return kept
-        golden = target.fetch_golden(pool, host, port, timeout)
-        target.keep_golden(path, key, golden)
+        content = target.golden_content_key(pool, model, model_meta)
+        earlier = target.kept_golden_of_model(path, content)
+        if earlier is not None and target.golden_still_holds(earlier, pool, host, port, timeout):
+            n = min(target.GOLDEN_RECHECK, len(pool))
+            log.info(
+                "harness: golden outputs reused from %s (an earlier process of this model: "
+                "%d inputs asked again gave their kept outputs)",
+                path,
+                n,
+            )
+            self.golden_source = (
+                f"kept: fetched from an earlier process of this model; {n} inputs asked "
+                "again gave their kept outputs"
+            )
+            golden = earlier
+        else:
+            self.golden_source = "fetched"
+            golden = target.fetch_golden(pool, host, port, timeout)
+        target.keep_golden(path, key, golden, content)
         return golden
 
     def _stream_oracle(self, server_meta: Any) -> None:

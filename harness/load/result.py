@@ -128,6 +128,7 @@ def scenario_result(
         tolerance=golden.get("tolerance"),
         pool=golden.get("pool"),
         distinct=golden.get("distinct"),
+        golden=golden.get("golden"),
         examples=list(rec.examples),
     )
     samples = samples or {}

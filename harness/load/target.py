@@ -11,7 +11,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,39 +96,132 @@ def golden_key(
         started = psutil.Process(pid).create_time()
     except psutil.Error:
         return None
-    cls = pool.class_names[-1]
-    digest = hashlib.sha256()
-    for i in range(len(pool)):
-        digest.update(pool.raw(cls, i, payloads.make_id(0xFFFE, i)))
     return {
         "pid": pid,
         "started": started,
         "url": base_url,
         "model": model,
-        "pool": digest.hexdigest(),
+        "pool": golden_key_pool(pool),
     }
+
+
+# A golden file keeps the goldens of this many models and pools, the newest first.
+GOLDEN_KEPT = 8
+# How many pool inputs a golden kept from another process of the same model is checked
+# with before it is reused: each asked again alone, each answer its kept output within τ.
+GOLDEN_RECHECK = 8
+
+
+def golden_content_key(pool: payloads.PayloadPool, model: str, model_meta: Any) -> dict[str, Any]:
+    """What a golden kept from *another* server process must match before it is checked
+    for reuse (``golden_still_holds``): the model's name and metadata and the pool's inputs
+    (not the URL or the process: a restarted server has a new port and pid)."""
+    key = golden_key_pool(pool)
+    return {
+        "model": model,
+        "metadata": json.dumps(model_meta, sort_keys=True, default=str),
+        "pool": key,
+    }
+
+
+def golden_key_pool(pool: payloads.PayloadPool) -> str:
+    """A digest of the pool's requests as the golden fetch sends them: each body, and the
+    request head without its Host line (a new server has a new port)."""
+    cls = pool.class_names[-1]
+    digest = hashlib.sha256()
+    for i in range(len(pool)):
+        head, _, body = pool.raw(cls, i, payloads.make_id(0xFFFE, i)).partition(b"\r\n\r\n")
+        lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"host:")]
+        digest.update(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+    return digest.hexdigest()
+
+
+def _kept_entries(path: Path) -> list[dict[str, Any]]:
+    try:
+        doc = json.loads(path.read_text())
+        entries = doc.get("entries")
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _golden_of(entry: Mapping[str, Any]) -> integrity.Golden | None:
+    try:
+        return integrity.golden_from_wire(entry["golden"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def kept_golden(path: Path, key: dict[str, Any] | None) -> integrity.Golden | None:
     """The golden outputs an earlier run kept in ``path`` (``--golden-cache``) when they
-    were fetched from the server process ``key`` names; else None (fetch them)."""
+    were fetched from the server process ``key`` names; else None."""
     if key is None:
         return None
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("key") != key:
-            return None
-        return integrity.golden_from_wire(doc["golden"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    for entry in _kept_entries(path):
+        if entry.get("key") == key:
+            return _golden_of(entry)
+    return None
 
 
-def keep_golden(path: Path, key: dict[str, Any] | None, golden: integrity.Golden) -> None:
-    """Write ``golden`` for the next run against the same server process (atomically: a
-    run killed mid-write leaves the previous file or none)."""
-    if key is None:
+def kept_golden_of_model(path: Path, content: dict[str, Any]) -> integrity.Golden | None:
+    """The newest golden ``path`` keeps for the same model and pool (``content``),
+    fetched from another server process: reused only once ``golden_still_holds``."""
+    for entry in _kept_entries(path):
+        if entry.get("content") == content:
+            return _golden_of(entry)
+    return None
+
+
+def keep_golden(
+    path: Path,
+    key: dict[str, Any] | None,
+    golden: integrity.Golden,
+    content: dict[str, Any] | None = None,
+) -> None:
+    """Keep ``golden`` in ``path`` for the next run against the same server process
+    (``key``) or, once checked, another process of the same model (``content``); the
+    entry of the same model and pool is replaced, at most ``GOLDEN_KEPT`` are kept. The
+    file is written atomically: a run killed mid-write leaves the previous file."""
+    if key is None and content is None:
         return
-    atomic_write(path, json.dumps({"key": key, "golden": integrity.golden_to_wire(golden)}))
+    entries = [
+        e
+        for e in _kept_entries(path)
+        if not (content is not None and e.get("content") == content)
+        and not (key is not None and e.get("key") == key)
+    ]
+    entry = {"key": key, "content": content, "golden": integrity.golden_to_wire(golden)}
+    atomic_write(path, json.dumps({"entries": [entry, *entries][:GOLDEN_KEPT]}))
+
+
+def golden_still_holds(
+    golden: integrity.Golden,
+    pool: payloads.PayloadPool,
+    host: str,
+    port: int,
+    timeout_s: float,
+    n: int = GOLDEN_RECHECK,
+) -> bool:
+    """Whether this server, asked the pool's first ``n`` inputs again one at a time,
+    answers each with its kept output (within τ; exactly, for outputs that are not
+    numbers). Any other answer, an error or no answer: False (the golden is fetched)."""
+    conn = http.Connection(host, port)
+    cls = pool.class_names[-1]
+    try:
+        for i in range(min(n, len(pool), len(golden.outputs))):
+            rid = payloads.make_id(0xFFFE, i)
+            try:
+                status, body = conn.exchange(pool.raw(cls, i, rid), max(timeout_s, 10.0))
+                if status != 200:
+                    return False
+                values = pool.parse_answer(body)[1]
+            except (http.RequestTimeout, http.ConnectionFailed, integrity.BadResponse):
+                return False
+            if not golden.holds_own(i, values):
+                return False
+        return True
+    finally:
+        conn.close()
 
 
 def cpu_s() -> float:

@@ -117,6 +117,8 @@ class Integrity(TypedDict):
     tolerance: NotRequired[float | None]
     pool: NotRequired[int | None]
     distinct: NotRequired[int | None]
+    # how the golden outputs were had: "fetched", or "kept: …" saying from where
+    golden: NotRequired[str | None]
 
 
 class LinearityPoint(TypedDict):

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.testing.detection_case import DetectionCase
+from harness.testing.detection_case import CHECKLIST_FILE, DetectionCase
 from harness.testing.detection_cases import BY_NAME, CAPACITY_CASE, CASES, NOT_PLANTABLE
 
 __all__ = [
@@ -172,8 +172,12 @@ def run_case(
     capacity_rps: float | None,
     cwd: str | None = None,
     twin_capacity: float | None = None,
+    golden_cache: str | None = None,
 ) -> CaseRun:
-    """Run ``harness run`` for ``case`` as a subprocess, bounded by ``case.timeout_s``.
+    """Run ``harness run`` for ``case`` as a subprocess, bounded by ``case.timeout_s``;
+    ``golden_cache``: the golden file the session's cases share (``--golden-cache``: a
+    case whose server answers the first inputs as an earlier case's did reuses that
+    golden instead of fetching its own).
 
     On timeout the harness gets SIGTERM (it stops Locust and the server it started), then
     its process group SIGKILL after a grace period. Either way the harness is gone on return.
@@ -188,10 +192,13 @@ def run_case(
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     argv = case.harness_argv(out_dir, capacity_rps, twin_capacity)
+    if case.checklist:
+        (Path(out_dir) / CHECKLIST_FILE).write_text(case.checklist_toml())
     log = open(Path(out_dir) / "harness.log", "wb")  # noqa: SIM115 — closed in finally
     t0 = time.monotonic()
+    env = {**os.environ, "HARNESS_GOLDEN_CACHE": golden_cache} if golden_cache else None
     proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True, env=env
     )
     code = -1
     try:

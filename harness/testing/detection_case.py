@@ -8,9 +8,12 @@ import math
 import shlex
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 # `harness run --retry-invalid` for every case (the harness's default is 1)
 RETRY_INVALID = 2
+# where run_case writes a case's checklist, in its output directory
+CHECKLIST_FILE = "checklist.toml"
 # Every run of a soak case offers this multiple of the pinned capacity (soak.toml: "0.6x").
 SOAK_RATE_MULTIPLE = 0.6
 MIB = 1 << 20
@@ -61,6 +64,10 @@ class DetectionCase:
     # calibrated the capacity this case then pins: the same offered rates as its twin and no
     # probe of its own; without that run, the case probes its own (a "1.8x" scenario)
     capacity_twin: str | None = None
+    # check overrides the case is judged with (``harness run --checklist``, written by
+    # run_case to OUT/checklist.toml), as a user sets their own budget: its healthy twin
+    # is judged with the same
+    checklist: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def intended(self) -> tuple[str, ...]:
@@ -125,4 +132,14 @@ class DetectionCase:
         elif twin_capacity is not None:
             argv.append(f"--locust-arg=--capacity-rps={twin_capacity!r}")
         argv += [f"--locust-arg={a}" for a in self.locust_args]
+        if self.checklist:
+            argv += ["--checklist", str(Path(out_dir) / CHECKLIST_FILE)]
         return argv
+
+    def checklist_toml(self) -> str:
+        """The case's ``checklist`` as the TOML ``harness run --checklist`` reads."""
+        lines = []
+        for check_id, params in self.checklist.items():
+            lines.append(f'["{check_id}"]')
+            lines += [f"{k} = {v!r}" for k, v in params.items()]
+        return "\n".join(lines) + "\n"

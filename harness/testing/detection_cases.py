@@ -98,22 +98,26 @@ CASES: tuple[DetectionCase, ...] = (
     ),
     DetectionCase(
         name="slow-model-load",
-        defect="model load takes 36 s before readiness",
+        defect="model load takes 9 s before readiness, against a 6 s budget",
         scenario="cold_start",
         check="cold_start.time_to_ready_s",
-        server_args=("--warmup-delay-s", "36"),
-        locust_args=("--ready-timeout=150", "--no-verify"),
-        timeout_s=360,
+        server_args=("--warmup-delay-s", "9"),
+        locust_args=("--ready-timeout=60", "--no-verify"),
+        checklist={"cold_start.time_to_ready_s": {"threshold": 6.0}},
         allowed={
-            "cold_start.first_p99_ratio": "the model ran its warm-up batches 36 s before "
-            "the server said ready, so the first requests meet cold caches: the first-100 "
-            "p99 ratio measured 1.35-5.65 in the defect runs (1 of 3 over 5x) against "
-            "0.73-0.89 in their healthy twins — the same slow load seen from the latency side",
+            "cold_start.first_p99_ratio": "the model ran its warm-up batches seconds before "
+            "the server said ready, so the first requests meet cold caches: with a 36 s load "
+            "the first-100 p99 ratio measured 1.35-5.65 in the defect runs (1 of 3 over 5x) "
+            "against 0.73-0.89 in their healthy twins — the same slow load seen from the "
+            "latency side",
         },
-        why="readiness gated on a 36 s load (time to ready can only be longer): past the "
-        "30 s budget; the harness waits up to 150 s to time it rather than give up. "
-        "--no-verify: with the golden fetch the scenario starts the server twice (fetch, "
-        "then fresh) and pays the delay twice; without it, the one start is the cold one",
+        why="readiness gated on a 9 s load, judged against a readiness budget of 6 s set "
+        "the way a user sets theirs (a checklist): the check compares the timed start with "
+        "whatever budget it is given, and the shipped 30 s would need a load over 30 s "
+        "(36 s before, half of the row's minute of CI). The healthy twin, judged with the "
+        "same budget, is ready in 0.4-1.6 s. --no-verify: with the golden fetch the "
+        "scenario starts the server twice (fetch, then fresh) and pays the delay twice; "
+        "without it, the one start is the cold one",
     ),
     # --- steady state -------------------------------------------------------------------
     DetectionCase(
@@ -194,7 +198,6 @@ CASES: tuple[DetectionCase, ...] = (
         check="contention.fail_fast",
         pin_capacity=True,
         fault="unbounded-queue",
-        duration_s=60,
         allowed={
             "contention.recovery_s": _BACKLOG + ": it drains after the hogs stop",
             "contention.throughput_ratio": "requests stuck behind the backlog time out "
@@ -202,7 +205,9 @@ CASES: tuple[DetectionCase, ...] = (
         },
         timeout_s=400,
         why="with half its CPU taken, 0.7x is above what the server can do: the excess must "
-        "be shed, not queued until it times out. 60 s (scaled) keeps two 12 s hog blocks",
+        "be shed, not queued until it times out. The quick run's one 12 s hog block: an "
+        "unbounded backlog's wait passes the 5 s request timeout within it (two blocks, 60 s, "
+        "measured the same: no quick 503 at all)",
     ),
     DetectionCase(
         name="backoff-spike",
@@ -225,7 +230,6 @@ CASES: tuple[DetectionCase, ...] = (
         pin_capacity=True,
         also_checks=("contention.recovery_s",),
         fault="backoff-batching:1",
-        duration_s=60,
         timeout_s=400,
         why="the hog halves the CPU, 0.7x overflows the queue and the cap collapses: "
         "throughput in the hog blocks falls to the batch-1 rate, far below the ~0.8x a "
