@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from harness.testing.detection_case import DetectionCase
 
+# One phase of the quick `network` scenario each (its toxic, rate and length), for the
+# network rows: paths from the repository's root, where the matrix runs.
+NETWORK_SLOW_UPLINK = "tests/data/network_phases/slow_uplink.toml"
+NETWORK_RESETS = "tests/data/network_phases/resets.toml"
+
 CHAOS_CASES: tuple[DetectionCase, ...] = (
     # --- freeze, crash-restart, rolling shutdown----------------------------------------
     DetectionCase(
@@ -103,10 +108,14 @@ CHAOS_CASES: tuple[DetectionCase, ...] = (
         "server exits 0 within a second",
     ),
     # --- network faults through the fault proxy----------------------------------------
+    # Each row runs the one phase of the quick `network` scenario its fault acts in, with
+    # that phase's toxic, rate and length and the checks that judge it (tests/data/
+    # network_phases/): the shipped run's other phases only waited (52 s a row; a row now
+    # ~20 s). Its healthy twin (bench/detection_repeat.py) runs the same file.
     DetectionCase(
         name="reset-leak",
         defect="a socket leaked per client connection reset (cleanup on a clean close only)",
-        scenario="network",
+        scenario=NETWORK_RESETS,
         check="network.leaks",
         fault="reset-leak",
         why="the resets phase resets every connection when its answer comes (~240 resets "
@@ -118,7 +127,7 @@ CHAOS_CASES: tuple[DetectionCase, ...] = (
     DetectionCase(
         name="io-lock",
         defect="one process-wide lock held across reading the request body",
-        scenario="network",
+        scenario=NETWORK_SLOW_UPLINK,
         check="network.latency_amplification",
         fault="io-lock",
         why="the slow-uplink phase trickles one request in five (drawn per request) in "
@@ -133,13 +142,13 @@ CHAOS_CASES: tuple[DetectionCase, ...] = (
         name="reset-breaker",
         defect="a circuit breaker that counts client connection resets as backend "
         "failures: open 15 s, every request answered 503",
-        scenario="network",
+        scenario=NETWORK_RESETS,
         check="network.recovery_s",
         fault="reset-breaker",
         why="the resets phase's ~240 resets trip it (20 within 5 s) and keep tripping it; "
-        "it stays open 15 s after the last, past the blackhole and through most of the "
-        "quick recovery phase, so p99 and the error rate are not back in their bands "
-        "within 5 s of the blackhole's end (the healthy server: 0.98–0.99 s in 12 runs of "
-        "the network scenario, healthy twins and the other network faults alike)",
+        "it stays open 15 s after the last, through the 10 s after the resets, so p99 and "
+        "the error rate are not back in their bands within 5 s of the resets' end (the "
+        "healthy server: 0.98–0.99 s in 12 runs of the whole network scenario, healthy "
+        "twins and the other network faults alike)",
     ),
 )
