@@ -36,11 +36,16 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 # The reference servers the tests start keep their MLP weights in one directory of this
 # session (harness_reference_server.models.weight_file), not in the user's ~/.cache: the
-# first server generates them (~0.5 s), every later start reads them (~0.1 s).
+# first server generates them (~0.5 s), every later start reads them (~0.1 s). xdist's
+# workers inherit it from the process that made it, which removes it (143 MB) at exit.
 if "HARNESS_REFERENCE_WEIGHTS" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
-    os.environ["HARNESS_REFERENCE_WEIGHTS"] = tempfile.mkdtemp(prefix="harness-weights-")
+    _weights = tempfile.mkdtemp(prefix="harness-weights-")
+    os.environ["HARNESS_REFERENCE_WEIGHTS"] = _weights
+    atexit.register(shutil.rmtree, _weights, True)
 # the period is irrelevant: the timer only holds the hub; execnet's thread wakes it
 _HUB_HOLD = gevent.get_hub().loop.timer(60.0, 60.0) if XDIST_WORKER else None
 if _HUB_HOLD is not None:
