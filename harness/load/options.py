@@ -289,9 +289,11 @@ def add_options(parser: Any) -> None:
         default=None,
         env_var="HARNESS_GOLDEN_CACHE",
         metavar="FILE",
-        help="keep the golden outputs in FILE and reuse them in later runs against the same "
-        "server process (same pid and start time, URL, model and inputs); any other server "
-        "gets them fetched anew (harness peak and tune pass one per search)",
+        help="keep the golden outputs in FILE and reuse them in later runs: as they are "
+        "against the same server process (same pid and start time, URL, model and inputs); "
+        "against another process of the same model and inputs once its first 8 inputs, "
+        "asked again, give their kept outputs, else fetched anew (harness run and "
+        "acceptance keep OUT/golden.json; harness peak and tune one per search)",
     )
     # Locust's start form shows an option only when it carries include_in_web_ui (a group's
     # add_argument does not set it). Not shown: --quick/--full (--mode's shorthands) and

@@ -196,7 +196,9 @@ def run_case(
         (Path(out_dir) / CHECKLIST_FILE).write_text(case.checklist_toml())
     log = open(Path(out_dir) / "harness.log", "wb")  # noqa: SIM115 — closed in finally
     t0 = time.monotonic()
-    env = {**os.environ, "HARNESS_GOLDEN_CACHE": golden_cache} if golden_cache else None
+    from harness.locust_run import GOLDEN_CACHE_ENV
+
+    env = {**os.environ, GOLDEN_CACHE_ENV: golden_cache} if golden_cache else None
     proc = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True, env=env
     )
