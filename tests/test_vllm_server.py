@@ -20,8 +20,8 @@ each explained in docs/servers.md:
   more tokens than the ``max_model_len`` vLLM's ``/v1/models`` gives;
 - ``llm_mixed_priority``: not a pass. vLLM (``--scheduling-policy priority``) orders its
   waiting queue by the ``priority`` field, but at this overload of short streams the wait
-  is in front of that queue, and the high class waits as long as the low one: the check
-  fails, or, when vLLM's batches grew enough that neither class waited past the TTFT
+  is mostly in front of that queue, and the high class's TTFT p99 is at least half the low
+  class's (what the check calls "both classes waited alike"): the check fails, or, when vLLM's batches grew enough that neither class waited past the TTFT
   bound, says the overload did not exercise priority;
 - ``llm_abort_storm``: passes, judged from vLLM's ``vllm:kv_cache_usage_perc``;
 - ``llm_spike``: fails ``llm.overload`` and nothing else: vLLM bounds no queue and
@@ -344,13 +344,17 @@ def _assert_the_other_verdicts(proc: subprocess.CompletedProcess[str], doc: dict
     mixed = by_name["llm_mixed_priority"]
     classes = mixed["tokens"]["by_stage_class"]["overload"]
     high, low = (classes[c]["ttft_ms"]["p99_ms"] for c in ("high", "low"))
-    assert high > 0.75 * low, (high, low)
+    # "alike" as the check reads it (harness/checks/tokens_priority.py): the high class's
+    # p99 at least half the low class's. vLLM orders its waiting queue, so some of the wait
+    # is ordered: 0.71x in one CI run here, 0.93x in docs/servers.md's
+    assert high >= 0.5 * low, (high, low)
     priority = next(c for c in mixed["checks"] if c["id"] == "llm.priority_ttft_p99")
     if priority["passed"] is None:
         assert mixed["verdict"] == "not_judged", mixed["verdict"]
         assert "priority was not exercised" in priority["skipped"], priority
     else:
         assert failed("llm_mixed_priority") == {"llm.priority_ttft_p99"}, mixed["checks"]
+        assert "both classes waited alike" in priority["detail"], priority["detail"]
 
 
 # vLLM's stream of one answer under load: its tokenizer is its own, and it merged two
