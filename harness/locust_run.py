@@ -29,13 +29,13 @@ from typing import Any
 from harness import protocols, sut
 from harness.errors import ConfigError, ResultFormatError
 from harness.finish import PARENT_RENDERS_ENV
+from harness.load.options import GOLDEN_CACHE_ENV
 from harness.packaged import locustfile
 from harness.results import load_document
 
 # The session's golden file (OUT/golden.json), given to every scenario's Locust run through
 # the environment variable of its --golden-cache option.
 GOLDEN_FILE = "golden.json"
-GOLDEN_CACHE_ENV = "HARNESS_GOLDEN_CACHE"
 
 # How long Locust gets to write its partial results after SIGTERM before SIGKILL.
 STOP_GRACE_S = 30.0

@@ -26,6 +26,11 @@ from harness.checks._data import fmt, high_class
 from harness.checks.model import Check, Result
 from harness.checks.registry import implements
 
+# The high class's TTFT p99 over the worst other class's, read as "both classes waited
+# alike" (priority not applied where the wait was) from ALIKE_LOW up to ALIKE_HIGH;
+# above, inverted; below, ordered but not enough.
+ALIKE_LOW, ALIKE_HIGH = 0.5, 2.0
+
 
 def _class_cells(
     result: Mapping[str, Any], stage: str
@@ -97,12 +102,12 @@ def _wait_cause(cells: Mapping[str, Mapping[str, Any]], cls: str, p99: float) ->
         return " — nothing to compare it with: no other class's first tokens were recorded"
     name, low_p99, _ = other
     versus = f"class '{name}' p99 {fmt(low_p99)} ms"
-    if p99 > 2.0 * low_p99:
+    if p99 > ALIKE_HIGH * low_p99:
         return (
             f" — the high class waited longer than {versus}: the server does not order its "
             "queue by priority, or reads the priority's sign the other way"
         )
-    if p99 >= 0.5 * low_p99:
+    if p99 >= ALIKE_LOW * low_p99:
         return (
             f" — both classes waited alike ({versus}): priority was not applied where the "
             "wait was — the server does not order its queue by priority, or the wait is in "

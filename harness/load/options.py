@@ -12,6 +12,9 @@ from harness.errors import ConfigError, HarnessError
 from harness.load.input_options import add_input_options, input_options_from
 from harness.load.scenario import Scenario, load_scenario
 
+# the environment variable of --golden-cache (set per scenario by harness.locust_run)
+GOLDEN_CACHE_ENV = "HARNESS_GOLDEN_CACHE"
+
 
 @dataclass(frozen=True)
 class Options:
@@ -287,7 +290,7 @@ def add_options(parser: Any) -> None:
     g.add_argument(
         "--golden-cache",
         default=None,
-        env_var="HARNESS_GOLDEN_CACHE",
+        env_var=GOLDEN_CACHE_ENV,
         metavar="FILE",
         help="keep the golden outputs in FILE and reuse them in later runs: as they are "
         "against the same server process (same pid and start time, URL, model and inputs); "

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from harness.load.options import GOLDEN_CACHE_ENV
 from harness.testing.detection_case import CHECKLIST_FILE, DetectionCase
 from harness.testing.detection_cases import BY_NAME, CAPACITY_CASE, CASES, NOT_PLANTABLE
 
@@ -196,8 +197,6 @@ def run_case(
         (Path(out_dir) / CHECKLIST_FILE).write_text(case.checklist_toml())
     log = open(Path(out_dir) / "harness.log", "wb")  # noqa: SIM115 — closed in finally
     t0 = time.monotonic()
-    from harness.locust_run import GOLDEN_CACHE_ENV
-
     env = {**os.environ, GOLDEN_CACHE_ENV: golden_cache} if golden_cache else None
     proc = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True, env=env
