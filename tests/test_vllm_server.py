@@ -18,11 +18,13 @@ each explained in docs/servers.md:
   token-bearing events, no error under a 200); there is no oracle for its text;
 - ``llm_shared_prefix``: not run, left out before any load: its longest request needs
   more tokens than the ``max_model_len`` vLLM's ``/v1/models`` gives;
-- ``llm_mixed_priority``: not a pass. vLLM (``--scheduling-policy priority``) orders its
-  waiting queue by the ``priority`` field, but at this overload of short streams the wait
-  is mostly in front of that queue, and the high class's TTFT p99 is at least half the low
-  class's (what the check calls "both classes waited alike"): the check fails, or, when vLLM's batches grew enough that neither class waited past the TTFT
-  bound, says the overload did not exercise priority;
+- ``llm_mixed_priority``: the verdict its figures give, never an inversion. vLLM
+  (``--scheduling-policy priority``) orders its waiting queue by the ``priority`` field,
+  but at this overload of short streams part of the wait is in front of that queue, and
+  how much moves from run to run: the check fails ("both classes waited alike", or
+  ordered but not enough), passes when the low class absorbed the overload, or, when
+  vLLM's batches grew enough that neither class waited past the TTFT bound, says the
+  overload did not exercise priority;
 - ``llm_abort_storm``: passes, judged from vLLM's ``vllm:kv_cache_usage_perc``;
 - ``llm_spike``: fails ``llm.overload`` and nothing else: vLLM bounds no queue and
   refuses nothing, so at 1.8x its probed capacity first tokens come after the 2 s bound,
@@ -67,6 +69,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.acceptance.plan import LLM_CHECKLIST
 from harness.checks.engine import validity_margins
+from harness.checks.tokens_priority import ALIKE_HIGH, ALIKE_LOW
 from harness.load import http
 from harness.load.recording import Recording
 from harness.load.stream_exchange import StreamExchange
@@ -340,21 +343,27 @@ def _assert_the_other_verdicts(proc: subprocess.CompletedProcess[str], doc: dict
     assert failed("llm_spike") == {"llm.overload"}, spike["checks"]
     overload = next(c for c in spike["checks"] if c["id"] == "llm.overload")
     assert " 0 429/503 answered" in overload["detail"], overload["detail"]
-    # priority orders a queue the wait is not in: both classes' first tokens alike
+    # vLLM orders its waiting queue by priority, and at this overload part of the wait is
+    # in front of it: the high class's TTFT p99 over the low class's read 0.93x, 0.71x and
+    # 0.45x in three runs here, so the verdict is a fail ("alike", or ordered but not
+    # enough) or a pass (the low class absorbed the overload). Whichever it is, it must be
+    # the one the figures give, and never an inversion: vLLM serves the high class first.
     mixed = by_name["llm_mixed_priority"]
     classes = mixed["tokens"]["by_stage_class"]["overload"]
     high, low = (classes[c]["ttft_ms"]["p99_ms"] for c in ("high", "low"))
-    # "alike" as the check reads it (harness/checks/tokens_priority.py): the high class's
-    # p99 at least half the low class's. vLLM orders its waiting queue, so some of the wait
-    # is ordered: 0.71x in one CI run here, 0.93x in docs/servers.md's
-    assert high >= 0.5 * low, (high, low)
     priority = next(c for c in mixed["checks"] if c["id"] == "llm.priority_ttft_p99")
+    assert high <= ALIKE_HIGH * low, (high, low)  # not inverted
     if priority["passed"] is None:
         assert mixed["verdict"] == "not_judged", mixed["verdict"]
         assert "priority was not exercised" in priority["skipped"], priority
+    elif priority["passed"]:
+        assert mixed["verdict"] == "pass" and high <= priority["threshold"], (high, priority)
+        assert "absorbed by class 'low'" in priority["detail"], priority["detail"]
     else:
         assert failed("llm_mixed_priority") == {"llm.priority_ttft_p99"}, mixed["checks"]
-        assert "both classes waited alike" in priority["detail"], priority["detail"]
+        assert high > priority["threshold"], (high, priority)
+        cause = "both classes waited alike" if high >= ALIKE_LOW * low else "waited less than"
+        assert cause in priority["detail"], (high, low, priority["detail"])
 
 
 # vLLM's stream of one answer under load: its tokenizer is its own, and it merged two
