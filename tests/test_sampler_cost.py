@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -90,6 +91,63 @@ def test_sampler_rereads_open_thread_files_instead_of_reopening(pool, tmp_path) 
     finally:
         sampler.close()
     assert len(sampler._files) == 0
+
+
+def _soft_open_file_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError(f"no open-file limit in /proc/{pid}/limits")
+
+
+def test_harness_sample_under_a_low_open_file_limit_still_holds_every_threads_files(
+    tmp_path: Path,
+) -> None:
+    """Started with a soft limit of 256 open files (room for 64 held files), ``harness
+    sample`` raises it toward the hard limit and holds every thread's schedstat, instead
+    of opening and closing the files of the threads past the 64th on every tick."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-file limit is {hard}: no room to raise the soft one")
+    threads = 150
+    server = subprocess.Popen(
+        [sys.executable, "-c", POOL, str(threads)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    sampler = None
+    try:
+        server.stdout.readline()
+        sampler = subprocess.Popen(
+            [sys.executable, "-m", "harness", "sample", "--pid", str(server.pid),
+             "--out", str(tmp_path), "--interval", "0.2", "--duration", "20"],
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        task_dir = f"/proc/{server.pid}/task/"
+        held: list[str] = []
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline and sampler.poll() is None:
+            held = []
+            for fd in os.listdir(f"/proc/{sampler.pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{sampler.pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith(task_dir) and link.endswith("/schedstat"):
+                    held.append(link)
+            if len(held) > threads:
+                break
+            time.sleep(0.1)
+        assert len(held) > threads, f"{len(held)} schedstat files held for {threads + 3} threads"
+        assert _soft_open_file_limit(sampler.pid) > 256
+    finally:
+        for p in (sampler, server):
+            if p is not None:
+                p.kill()
+                p.wait()
 
 
 def test_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> None:

@@ -211,6 +211,30 @@ def connections_between(
     return sum(1 for i in server_sockets if i in table and table[i][1] in peer_ends)
 
 
+HELD_FILES_WANTED = 4096  # held files a sampler is given room for: ~2,000 threads' two each
+
+
+def held_files_limit() -> int:
+    """How many /proc files this process's sampler may hold open: half its open-file
+    limit less 64 for everything else (``HELD_FILES_WANTED`` when unlimited). A soft limit
+    too low for ``HELD_FILES_WANTED`` is first raised toward the hard one, as Locust
+    raises its own for sockets: a shell's default soft limit of 1,024 would otherwise
+    leave every thread of a server past the 224th opened, read and closed again on each
+    tick."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinity = resource.RLIM_INFINITY
+    want = 2 * (HELD_FILES_WANTED + 64)
+    if soft != infinity and soft < want:
+        raised = want if hard == infinity else min(want, hard)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (ValueError, OSError):
+                pass  # keep the soft limit there is
+    return HELD_FILES_WANTED if soft == infinity else max(0, soft // 2 - 64)
+
+
 class OpenFiles:
     """/proc files kept open and re-read with ``pread(fd, n, 0)``.
 
@@ -225,10 +249,7 @@ class OpenFiles:
     """
 
     def __init__(self, limit: int | None = None) -> None:
-        if limit is None:
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            limit = 4096 if soft == resource.RLIM_INFINITY else max(0, soft // 2 - 64)
-        self.limit = limit
+        self.limit = held_files_limit() if limit is None else limit
         self._fds: dict[str, int] = {}
         self._names: set[str] = set()  # the held fds as /proc/self/fd names them
         self._used: set[str] = set()
