@@ -150,6 +150,31 @@ def test_harness_sample_under_a_low_open_file_limit_still_holds_every_threads_fi
                 p.wait()
 
 
+def test_a_threads_status_file_is_held_from_one_switch_tick_to_the_next(pool, tmp_path) -> None:
+    """Switch counts are read on switch ticks only; the spinning thread's status file,
+    read on each of them, is re-read rather than opened again on the next."""
+    p, _ = pool
+    sampler = ProcessSampler(p.pid, tmp_path, switches_every_s=0.25)
+    t0 = time.monotonic()
+    try:
+        sampler.baseline(0.0)
+        ticks = [_tick(sampler, t0) for _ in range(4)]
+        opened = sampler._files.opens
+        switch_ticks = 0
+        for _ in range(8):
+            tick = _tick(sampler, t0)
+            assert tick is not None
+            switch_ticks += tick.cswch_s is not None
+            ticks.append(tick)
+        assert switch_ticks >= 2
+        spinner = max(sampler.last_threads, key=lambda r: r.cpu_pct)
+        assert spinner.cpu_pct > 50
+        assert f"/proc/{p.pid}/task/{spinner.tid}/status" in sampler._files._fds
+        assert sampler._files.opens == opened
+    finally:
+        sampler.close()
+
+
 def test_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> None:
     p, tid = pool
     sampler = ProcessSampler(p.pid, tmp_path)
@@ -168,6 +193,7 @@ def test_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> Non
         assert before is not None and after is not None
         assert after.threads == before.threads - 1
         assert path not in sampler._files._fds
+        assert f"/proc/{p.pid}/task/{tid}/status" not in sampler._files._fds
         assert tid not in {r.tid for r in sampler.last_threads}
     finally:
         sampler.close()

@@ -210,6 +210,7 @@ class ProcessSampler:
         pids = self.pids(t)
         files = self._files
         read = files.read
+        keep = files.keep
         has_schedstat = self.has_schedstat
         first = self._t_prev is None
         # a switch tick: the threads' switch counts are read (always at the first call)
@@ -264,6 +265,7 @@ class ProcessSampler:
                 elif not moved(task, raw):
                     continue  # gone
                 tasks[name] = task
+                keep(task.status)  # read on switch ticks only: held from one to the next
                 n_threads += 1
         files.sweep()
         switches_since = self._switches_t

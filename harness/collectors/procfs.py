@@ -211,7 +211,7 @@ def connections_between(
     return sum(1 for i in server_sockets if i in table and table[i][1] in peer_ends)
 
 
-HELD_FILES_WANTED = 4096  # held files a sampler is given room for: ~2,000 threads' two each
+HELD_FILES_WANTED = 4096  # held files a sampler is given room for: ~1,300 threads' three each
 
 
 def held_files_limit() -> int:
@@ -281,6 +281,11 @@ class OpenFiles:
         self._fds[path] = fd
         self._names.add(str(fd))
         return data or None
+
+    def keep(self, path: str) -> None:
+        """Keep ``path`` open through the next sweep though it was not read (a file read
+        only now and then, of a task still there)."""
+        self._used.add(path)
 
     def _close(self, path: str) -> None:
         fd = self._fds.pop(path, None)

@@ -11,7 +11,8 @@ the longer window is exact); on every other tick they are empty (None), never a 
 value. A thread that was not scheduled in since its last read cannot have switched, so
 its status is not read again (its rate is 0). A thread born since the last switch tick is
 counted from zero over the whole window; one seen for the first time otherwise starts
-from its first read.
+from its first read. A status file once read stays held until its thread exits, so a
+switch tick re-reads it rather than opening it again.
 """
 
 from __future__ import annotations
