@@ -218,9 +218,9 @@ def held_files_limit() -> int:
     """How many /proc files this process's sampler may hold open: half its open-file
     limit less 64 for everything else (``HELD_FILES_WANTED`` when unlimited). A soft limit
     too low for ``HELD_FILES_WANTED`` is first raised toward the hard one, as Locust
-    raises its own for sockets: a shell's default soft limit of 1,024 would otherwise
-    leave every thread of a server past the 224th opened, read and closed again on each
-    tick."""
+    raises its own for sockets: a shell's default soft limit of 1,024 leaves room for 448
+    files, two or three a thread, and a larger server's other threads would be opened,
+    read and closed again on each tick."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     infinity = resource.RLIM_INFINITY
     want = 2 * (HELD_FILES_WANTED + 64)
