@@ -199,6 +199,113 @@ def test_sampler_closes_the_files_of_a_thread_that_exited(pool, tmp_path) -> Non
         sampler.close()
 
 
+# 20 blocked threads; each stdin line names what to do: "start" a thread, "end" the oldest
+# started one, "swap" (start one, then end one: the count stays). Prints the new tid (or
+# 0) and the ended tid (or 0) once the ended thread has been joined.
+SWAP = textwrap.dedent(
+    """
+    import sys, threading
+    stop = threading.Event()
+    for _ in range(20):
+        threading.Thread(target=stop.wait, daemon=True).start()
+    started = []
+    def run(ev):
+        ev.wait()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        new = ended = 0
+        if line.strip() in ("start", "swap"):
+            ev = threading.Event()
+            t = threading.Thread(target=run, args=(ev,))
+            t.start()
+            started.append((t, ev))
+            new = t.native_id
+        if line.strip() in ("end", "swap"):
+            t, ev = started.pop(0)
+            ended = t.native_id
+            ev.set()
+            t.join()
+        print(new, ended, flush=True)
+    """
+)
+
+
+@pytest.fixture
+def swapper():
+    p = subprocess.Popen(
+        [sys.executable, "-c", SWAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _tell(p: subprocess.Popen, what: str) -> tuple[int, int]:
+    # a thread's start time is in clock ticks (10 ms): one started within the tick of the
+    # sampler's last tick reads as older than it and gets a baseline only, no row
+    time.sleep(0.03)
+    p.stdin.write(what + "\n")
+    p.stdin.flush()
+    new, ended = (int(x) for x in p.stdout.readline().split())
+    if ended:
+        _gone(f"/proc/{p.pid}/task/{ended}")
+    return new, ended
+
+
+def test_threads_are_listed_only_when_a_thread_may_have_started_or_ended(
+    swapper, tmp_path, monkeypatch
+) -> None:
+    """/proc/PID/task is listed when the process's thread count moved or one of the last
+    tick's threads ended, never on a tick where neither happened; every thread is in the
+    tick after it started, and none after it ended."""
+    listings: list[int] = []
+    real = procfs.list_task_names
+
+    def counted(pid: int) -> list[str]:
+        listings.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(procfs, "list_task_names", counted)
+    p = swapper
+    sampler = ProcessSampler(p.pid, tmp_path)
+    t0 = time.monotonic()
+
+    def tids() -> set[int]:
+        return {r.tid for r in sampler.last_threads}
+
+    try:
+        sampler.baseline(0.0)
+        _tick(sampler, t0)
+        first = len(listings)
+        for _ in range(3):
+            tick = _tick(sampler, t0)
+            assert tick is not None and tick.threads == 21
+        assert len(listings) == first  # nothing started or ended: no listing
+
+        new, _ = _tell(p, "start")  # the count moves
+        tick = _tick(sampler, t0)
+        assert tick is not None and tick.threads == 22 and new in tids()
+        assert len(listings) == first + 1
+
+        newer, ended = _tell(p, "swap")  # the count stays: the ended thread's read fails
+        assert ended == new
+        tick = _tick(sampler, t0)
+        assert tick is not None and tick.threads == 22
+        assert newer in tids() and new not in tids()
+        assert len(listings) == first + 2
+
+        _, ended = _tell(p, "end")
+        assert ended == newer
+        tick = _tick(sampler, t0)
+        assert tick is not None and tick.threads == 21 and newer not in tids()
+        assert len(listings) == first + 3
+    finally:
+        sampler.close()
+
+
 def test_open_file_of_an_exited_task_reads_none_not_stale_data(pool) -> None:
     p, tid = pool
     files = procfs.OpenFiles()

@@ -254,19 +254,35 @@ class ProcessSampler:
                     pss += up[1]
             tasks_prev = self._tasks.get(pid, {})
             tasks = tasks_now[pid] = {}
-            for name in procfs.list_task_names(pid):
-                task = tasks_prev.get(name)
-                if task is None:
-                    task = Task(pid, int(name))
-                raw = read(task.schedstat) if has_schedstat else None
-                if quiet and raw is not None and raw == task.sched_raw:
-                    # Did not run, and waited for no CPU, since the last tick: nothing moved.
-                    still(task)
-                elif not moved(task, raw):
-                    continue  # gone
-                tasks[name] = task
-                keep(task.status)  # read on switch ticks only: held from one to the next
-                n_threads += 1
+            # The last tick's threads are the process's threads when it counts as many
+            # and none of them has ended (an ended thread's read fails): /proc/PID/task
+            # (~1.5 us a thread) is listed only when a thread may have started or ended.
+            # One started after the count was read is found by the next tick's count.
+            same = pst.num_threads == len(tasks_prev) and (pid, pst.starttime) in self._procs_prev
+            listed = tasks_prev if same else procfs.list_task_names(pid)
+            while True:
+                ended = False
+                for name in listed:
+                    if name in tasks:
+                        continue
+                    task = tasks_prev.get(name)
+                    if task is None:
+                        task = Task(pid, int(name))
+                    raw = read(task.schedstat) if has_schedstat else None
+                    if quiet and raw is not None and raw == task.sched_raw:
+                        # Did not run, and waited for no CPU, since the last tick: nothing moved.
+                        still(task)
+                    elif not moved(task, raw):
+                        ended = True
+                        continue  # gone
+                    tasks[name] = task
+                    keep(task.status)  # read on switch ticks only: held from one to the next
+                    n_threads += 1
+                if not (same and ended):
+                    break
+                # a thread ended since the last tick: one may have started too
+                same = False
+                listed = procfs.list_task_names(pid)
         files.sweep()
         switches_since = self._switches_t
         if switches and (emit or first):

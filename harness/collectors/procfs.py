@@ -1,8 +1,8 @@
 """Cheap readers of /proc for the samplers (Linux). Each returns None when the task is gone.
 
 Field positions follow proc(5) and sysstat's pidstat.c: in
-``/proc/PID/task/TID/stat`` utime is field 14, stime 15, starttime 22, processor 39,
-guest_time 43 — all in clock ticks. The command name is the parenthesised field 2, so we
+``/proc/PID/task/TID/stat`` utime is field 14, stime 15, num_threads 20, starttime 22,
+processor 39, guest_time 43 — all in clock ticks. The command name is the parenthesised field 2, so we
 need not read ``comm`` separately (pidstat does the same).
 """
 
@@ -26,6 +26,7 @@ class TaskStat(NamedTuple):
     starttime: int
     processor: int
     guest: int
+    num_threads: int = 0  # field 20: the process's threads (a thread's stat: its group's)
 
 
 def _read(path: str) -> bytes | None:
@@ -49,7 +50,9 @@ def parse_stat(data: bytes) -> TaskStat:
     # f[0] is field 3 (state): field n is f[n - 3]; nothing past guest_time (43) is split
     f = data[rpar + 2 :].split(None, 41)
     guest = int(f[40]) if len(f) > 40 else 0
-    return TaskStat(name, f[0].decode(), int(f[11]), int(f[12]), int(f[19]), int(f[36]), guest)
+    return TaskStat(
+        name, f[0].decode(), int(f[11]), int(f[12]), int(f[19]), int(f[36]), guest, int(f[17])
+    )
 
 
 def read_stat(path: str) -> TaskStat | None:
