@@ -359,6 +359,129 @@ def test_idle_thread_rows_match_the_full_read(pool, tmp_path) -> None:
     assert list(csv.reader(written))[0][-2:] in (["", ""], ["0.00", "0.00"])
 
 
+# 6 worker threads that run only when told: each stdin line "MS" makes every worker, one
+# after the other, burn MS ms of its own CPU and block again; "done" when all of them have.
+ROUNDS = textwrap.dedent(
+    """
+    import sys, threading, time
+    go = [threading.Event() for _ in range(6)]
+    done = threading.Semaphore(0)
+    burn = [0.0]
+    def work(ev):
+        while True:
+            ev.wait()
+            ev.clear()
+            end = time.thread_time() + burn[0]
+            while time.thread_time() < end:
+                pass
+            done.release()
+    workers = [threading.Thread(target=work, args=(ev,), daemon=True) for ev in go]
+    for w in workers:
+        w.start()
+    print(*[w.native_id for w in workers], flush=True)
+    for line in sys.stdin:
+        burn[0] = float(line) / 1000
+        for ev in go:
+            ev.set()
+            done.acquire()
+        print("done", flush=True)
+    """
+)
+
+
+def _utime_stime(pid: int, tid: int) -> tuple[int, int]:
+    f = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    return int(f[11]), int(f[12])
+
+
+def test_rows_of_threads_that_ran_under_a_clock_tick_say_what_their_stat_says(tmp_path) -> None:
+    """Between switch ticks a thread that ran, but not past the next clock tick of its last
+    stat read, is not read again: its row's usr and system are still exact (every tick's
+    figures, summed, are what /proc says the thread used, read while it is blocked) and
+    its CPU number is left empty; the tick it crosses a clock tick reads stat again."""
+    from harness.collectors.threads import EXACT_TICKS, HZ
+
+    if not EXACT_TICKS:
+        pytest.skip("this kernel splits on-CPU time from a fresher clock (nohz_full CPUs)")
+    p = subprocess.Popen(
+        [sys.executable, "-c", ROUNDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    sampler = ProcessSampler(p.pid, tmp_path, switches_every_s=3600.0)
+    try:
+        tids = [int(x) for x in p.stdout.readline().split()]
+        t0 = time.monotonic()
+        sampler.baseline(0.0)
+        at_start = {tid: _utime_stime(p.pid, tid) for tid in tids}
+        summed = {tid: [0, 0] for tid in tids}
+        skipped = read = 0
+        t_prev = 0.0
+        for _ in range(24):
+            p.stdin.write("1.5\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            tick = _tick(sampler, t0)
+            assert tick is not None and tick.cswch_s is None  # not a switch tick
+            rows = {r.tid: r for r in sampler.last_threads}
+            t = rows[tids[0]].t
+            for tid in tids:
+                r = rows[tid]
+                d_u = round(r.usr_pct * HZ * (t - t_prev) / 100)
+                d_s = round(r.system_pct * HZ * (t - t_prev) / 100)
+                summed[tid][0] += d_u
+                summed[tid][1] += d_s
+                now = _utime_stime(p.pid, tid)  # the worker is blocked: this is still true
+                assert now[0] - at_start[tid][0] == summed[tid][0], (tid, r)
+                assert now[1] - at_start[tid][1] == summed[tid][1], (tid, r)
+                if r.cpu is None:
+                    skipped += 1
+                    assert d_u == d_s == 0
+                else:
+                    read += 1
+            t_prev = t
+        # 36 ms of CPU each over 24 rounds: 3-4 clock ticks crossed. Stat is skipped only
+        # while the tick fractions of utime and stime sum to under a tick (see
+        # threads._exact_ticks), about half the time for a thread that uses both
+        assert skipped >= 24, (skipped, read)
+        assert read >= 6 * 2, (skipped, read)
+        assert all(sum(v) >= 2 for v in summed.values()), summed
+    finally:
+        sampler.close()
+        p.kill()
+        p.wait()
+
+
+def test_a_switch_tick_reads_the_cpu_number_of_every_thread_that_ran(tmp_path) -> None:
+    p = subprocess.Popen(
+        [sys.executable, "-c", ROUNDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    sampler = ProcessSampler(p.pid, tmp_path, switches_every_s=0.35)
+    try:
+        tids = [int(x) for x in p.stdout.readline().split()]
+        t0 = time.monotonic()
+        sampler.baseline(0.0)
+        switch_ticks = 0
+        for _ in range(8):
+            p.stdin.write("0.5\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            tick = _tick(sampler, t0)
+            assert tick is not None
+            rows = {r.tid: r for r in sampler.last_threads}
+            if tick.cswch_s is not None:
+                switch_ticks += 1
+                assert all(rows[tid].cpu is not None for tid in tids)
+                assert all(rows[tid].cswch_s and rows[tid].cswch_s > 0 for tid in tids)
+        assert switch_ticks >= 2
+    finally:
+        sampler.close()
+        p.kill()
+        p.wait()
+    with open(tmp_path / "threads.csv", newline="") as f:
+        written = list(csv.DictReader(f))
+    assert {r["cpu"] for r in written if int(r["tid"]) in tids} - {""}  # numbers where read
+    assert all(r["cpu"] == "" or r["cpu"].isdigit() for r in written)
+
+
 def test_tcp_table_is_read_only_when_a_new_socket_turns_up(tmp_path: Path) -> None:
     """The harness-own connection count stays right while the table is read only on change."""
     srv = socket.socket()

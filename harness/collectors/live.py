@@ -32,7 +32,7 @@ def format_live(tick: ProcessTick, threads: Sequence[ThreadRow], top: int = 20) 
     for r in sorted(threads, key=lambda r: r.cpu_pct, reverse=True)[:top]:
         lines.append(
             f"{r.tid:>8} {r.usr_pct:>7.2f} {r.system_pct:>7.2f} {r.guest_pct:>7.2f} "
-            f"{_num(r.wait_pct):>7} {r.cpu_pct:>7.2f} {r.cpu:>3} {_num(r.cswch_s):>9} "
+            f"{_num(r.wait_pct):>7} {r.cpu_pct:>7.2f} {'-' if r.cpu is None else r.cpu:>3} {_num(r.cswch_s):>9} "
             f"{_num(r.nvcswch_s):>9}  |__{r.name}"
         )
     if len(threads) > top:

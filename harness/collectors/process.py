@@ -268,15 +268,18 @@ class ProcessSampler:
                     task = tasks_prev.get(name)
                     if task is None:
                         task = Task(pid, int(name))
+                    opens = files.opens
                     raw = read(task.schedstat) if has_schedstat else None
                     if quiet and raw is not None and raw == task.sched_raw:
                         # Did not run, and waited for no CPU, since the last tick: nothing moved.
                         still(task)
-                    elif not moved(task, raw):
+                    elif not moved(task, raw, files.opens == opens):
                         ended = True
                         continue  # gone
                     tasks[name] = task
-                    keep(task.status)  # read on switch ticks only: held from one to the next
+                    # stat and status may be read on switch ticks only: held from one to the next
+                    keep(task.stat)
+                    keep(task.status)
                     n_threads += 1
                 if not (same and ended):
                     break

@@ -23,6 +23,32 @@ from typing import NamedTuple
 from harness.collectors import procfs
 
 HZ = os.sysconf("SC_CLK_TCK")
+NS_PER_TICK = 1_000_000_000 // HZ
+
+
+def _exact_ticks() -> bool:
+    """Whether a thread's stat utime and stime follow from its schedstat on-CPU time.
+
+    The kernel makes a thread's stat utime and stime (``cputime_adjust``) by splitting its
+    on-CPU time, the ``sum_exec_runtime`` that schedstat's first field shows, into two
+    parts that never decrease and sum to it, each shown truncated to clock ticks. So from
+    a read giving ``u`` and ``s`` ticks, while the on-CPU time stays below
+    ``(u + s + 1)`` ticks neither part can reach its next tick: both still read ``u`` and
+    ``s``. Not so where the split is made from a fresher on-CPU time than schedstat's
+    (``nohz_full`` CPUs: ``task_sched_runtime``), nor for guest time, which is sampled
+    at timer ticks and not split: there stat is read whenever a thread ran.
+    """
+    if 1_000_000_000 % HZ:
+        return False
+    try:
+        with open("/sys/devices/system/cpu/nohz_full") as f:
+            nohz = f.read().strip()
+    except OSError:
+        nohz = ""
+    return nohz in ("", "(null)")
+
+
+EXACT_TICKS = _exact_ticks()
 
 THREAD_COLUMNS = [
     "t",
@@ -54,7 +80,10 @@ def _num(v: float | None) -> str:
 
 class ThreadRow(NamedTuple):
     """One thread over one interval: the pidstat -t columns (a row of threads.csv).
-    ``cswch_s`` / ``nvcswch_s`` are None on a tick that did not read the switch counts."""
+    ``cswch_s`` / ``nvcswch_s`` are None on a tick that did not read the switch counts;
+    ``cpu`` (the CPU it last ran on) is None when its stat was not read although it was
+    woken since the last read: not scheduled in yet, or, between switch ticks, on CPU for
+    less than the rest of a clock tick (its usr / system figures are exact: 0)."""
 
     t: float
     pid: int
@@ -66,7 +95,7 @@ class ThreadRow(NamedTuple):
     guest_pct: float
     wait_pct: float | None
     cpu_pct: float
-    cpu: int
+    cpu: int | None
     cswch_s: float | None
     nvcswch_s: float | None
 
@@ -78,7 +107,7 @@ class ThreadRow(NamedTuple):
         return (
             f"{self.t:.4f},{self.pid},{self.tid},{self.start_ticks},{csv_text(self.name)},"
             f"{self.usr_pct:.2f},{self.system_pct:.2f},{self.guest_pct:.2f},"
-            f"{_num(self.wait_pct)},{self.cpu_pct:.2f},{self.cpu},"
+            f"{_num(self.wait_pct)},{self.cpu_pct:.2f},{'' if self.cpu is None else self.cpu},"
             f"{_num(self.cswch_s)},{_num(self.nvcswch_s)}\n"
         )
 
@@ -104,7 +133,8 @@ class Task:
     __slots__ = (
         "pid", "tid", "schedstat", "stat", "status", "seen", "sched_raw", "name_raw", "name",
         "head", "starttime", "processor", "utime", "stime", "guest", "run_ns", "wait_ns",
-        "pcount", "vcs", "nvcs", "cs_at", "cs_fresh", "idle", "idle_cs",
+        "pcount", "vcs", "nvcs", "cs_at", "cs_fresh", "idle", "idle_cs", "cpu_text",
+        "ticks_end",
     )  # fmt: skip
 
     def __init__(self, pid: int, tid: int) -> None:
@@ -120,7 +150,14 @@ class Task:
         self.name_raw: bytes | None = None
         self.name = ""
         self.head = ""  # "pid,tid,start_ticks,name," of its threads.csv lines
-        self.starttime = self.processor = self.utime = self.stime = self.guest = 0
+        self.starttime = self.utime = self.stime = self.guest = 0
+        # the CPU it last ran on as of its last stat read (None: it may have moved since)
+        # and that number as a CSV field ("" for None)
+        self.processor: int | None = None
+        self.cpu_text = ""
+        # on-CPU ns below which utime and stime cannot have moved from their last read
+        # (0: unknown, read stat whenever it ran)
+        self.ticks_end = 0
         self.run_ns = self.wait_ns = self.pcount = 0
         # switch counts as last read, when (tick time), and whether they are still the
         # current counts as of the last tick (not scheduled in since)
@@ -194,13 +231,14 @@ class ThreadPass:
         v, n = cs if cs is not None else (None, None)
         row = (task.pid, task.tid, task.starttime, task.name, 0.0, 0.0, 0.0, 0.0, 0.0,
                task.processor, v, n)  # fmt: skip
-        tail = f",{task.head}0.00,0.00,0.00,0.00,0.00,{task.processor},{_num(v)},{_num(n)}\n"
+        tail = f",{task.head}0.00,0.00,0.00,0.00,0.00,{task.cpu_text},{_num(v)},{_num(n)}\n"
         return row, tail
 
-    def read(self, task: Task, raw: bytes | None) -> bool:
+    def read(self, task: Task, raw: bytes | None, same_file: bool = True) -> bool:
         """Read a thread that may have run since the last tick (``raw``: its schedstat
-        text, None without schedstat) and keep its row when it has a baseline. False
-        when the thread is gone."""
+        text, None without schedstat; ``same_file``: read from the file held since the
+        last read, not one opened afresh, which may be a new thread's under a reused TID)
+        and keep its row when it has a baseline. False when the thread is gone."""
         task.idle = task.idle_cs = None  # it ran: its CPU number or name may change
         sched = False
         if raw:
@@ -214,11 +252,34 @@ class ThreadPass:
         if sched and seen and task.run_ns == run_ns and task.pcount == pcount:
             # Not scheduled in since the last tick: utime, stime and the switch counts
             # cannot have moved, so skip the stat read (run-queue wait is accounted only
-            # when a thread is picked, so it may have grown).
+            # when a thread is picked, so it may have grown; woken, it may be queued on
+            # another CPU: its number is not known).
             d_u = d_s = d_g = 0
             wait_prev = task.wait_ns
+            if wait_ns != wait_prev:
+                task.processor, task.cpu_text = None, ""
             task.wait_ns = wait_ns
             task.sched_raw = raw
+            if not self.emit:
+                return True
+        elif (
+            sched
+            and seen
+            and run_ns < task.ticks_end
+            and not self.switches
+            and same_file
+            and run_ns >= task.run_ns
+            and pcount >= task.pcount
+        ):
+            # Ran, but its on-CPU time is still short of the next clock tick of its last
+            # read's utime + stime: neither can have moved (see ``ticks_end``), so the stat
+            # read is skipped until a switch tick; its CPU number is not known.
+            d_u = d_s = d_g = 0
+            wait_prev = task.wait_ns
+            task.run_ns, task.wait_ns, task.pcount = run_ns, wait_ns, pcount
+            task.sched_raw = raw
+            task.processor, task.cpu_text = None, ""
+            task.cs_fresh = False  # scheduled in: its switch counts may have moved
             if not self.emit:
                 return True
         else:
@@ -229,6 +290,11 @@ class ThreadPass:
                 seen = False  # the TID was reused by a new thread
             prev = (task.utime, task.stime, task.guest, task.wait_ns) if seen else None
             task.starttime, task.utime, task.stime, task.guest = st
+            task.ticks_end = (
+                0
+                if task.guest or not EXACT_TICKS
+                else ((task.utime + task.stime + 1) * NS_PER_TICK)
+            )
             if sched:
                 task.run_ns, task.wait_ns, task.pcount = run_ns, wait_ns, pcount
                 task.sched_raw = raw
@@ -267,6 +333,7 @@ class ThreadPass:
             f = data[rpar + 2 :].split(b" ", 41)
             st = (int(f[19]), int(f[11]), int(f[12]), int(f[40]) if len(f) > 40 else 0)
             task.processor = int(f[36])
+            task.cpu_text = f[36].decode()
         except (ValueError, IndexError):
             return None
         name = data[data.index(b"(") + 1 : rpar]
@@ -326,5 +393,5 @@ class ThreadPass:
             sw = "," if cs is None else f"{cs[0]:.2f},{cs[1]:.2f}"
             self.lines.append(
                 f"{self.stamp},{task.head}{pct[usr]},{pct[d_s]},{pct[d_g]},{_num(wait)},"
-                f"{pct[d_u + d_s]},{task.processor},{sw}\n"
+                f"{pct[d_u + d_s]},{task.cpu_text},{sw}\n"
             )

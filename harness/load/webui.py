@@ -295,7 +295,7 @@ def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
                 f"%usr {_fmt(th['usr_pct'])} · %system {_fmt(th['system_pct'])} · %CPU {_fmt(th['cpu_pct'])}",
                 "",
                 "",
-                f"cpu {th['cpu']}",
+                f"cpu {th['cpu'] or '-'}",
             )
     for r in reversed(snap["runs"]):
         add(
