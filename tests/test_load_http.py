@@ -223,6 +223,7 @@ def test_a_server_that_closed_an_idle_connection_gets_a_new_one() -> None:
         conn = http.Connection("127.0.0.1", server.server_port)
         assert conn.exchange(_raw(server.server_port), timeout=2.0) == (200, b"hi")
         first = conn.sock
+        assert conn._poll is not None  # a plain socket is asked by the OS's poll
         gevent.sleep(0.05)
         assert first is not None and not conn._alive()
         assert conn.exchange(_raw(server.server_port), timeout=2.0) == (200, b"hi")

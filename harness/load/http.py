@@ -16,6 +16,7 @@ import contextlib
 import functools
 import os
 import re
+import select as _stdlib_select
 import ssl as _stdlib_ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from urllib.parse import urlsplit
 import gevent
 
 # gevent's own socket/select/ssl, so a plain (unpatched) process cooperates too
-from gevent import select, socket
+from gevent import monkey, select, socket
 from gevent import ssl as gssl
 from geventhttpclient.response import HTTPResponse
 
@@ -257,14 +258,22 @@ def _tls_failure(host: str, port: int, exc: Exception, client: Client) -> TLSFai
     return TLSFailed(f"TLS handshake with {host}:{port} failed ({why}); {fix}")
 
 
-# An idle keep-alive socket's liveness, asked without waiting: peek one byte.
+# An idle keep-alive socket's liveness, asked without waiting: the OS's poll (not gevent's
+# cooperative one, which would yield to the hub) on the socket alone, timeout 0. Any event
+# (readable: a FIN or junk; hang-up; error; a closed fd) means it is not fit to reuse.
+# ~0.6 us a request where a non-blocking MSG_PEEK recv raising BlockingIOError was ~2 us.
+try:
+    _OsPoll: Any = monkey.get_original("select", "poll")
+except AttributeError:  # no poll on this OS: the MSG_PEEK recv below
+    _OsPoll = None
 _PEEK_NOW = socket.MSG_PEEK | socket.MSG_DONTWAIT
+_POLL_IN = getattr(_stdlib_select, "POLLIN", 1) | getattr(_stdlib_select, "POLLPRI", 2)
 
 
 class Connection:
     """One keep-alive connection, used by one greenlet at a time."""
 
-    __slots__ = ("host", "port", "connect_timeout", "sock", "client", "family")
+    __slots__ = ("host", "port", "connect_timeout", "sock", "client", "family", "_poll")
 
     def __init__(
         self, host: str, port: int, connect_timeout: float = 5.0, client: Client | None = None
@@ -274,11 +283,13 @@ class Connection:
         self.connect_timeout = connect_timeout
         self.client = client if client is not None else _client
         self.sock: Any = None  # gevent socket, or gevent SSLSocket over one
+        self._poll: Any = None  # an OS poll object on a plain ``sock``'s fd alone
         # an IP literal is connected to directly; a name is resolved at every connect
         self.family = ip_family(host)
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
+        self._poll = None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -288,6 +299,9 @@ class Connection:
         sock = self.sock
         if sock is None:
             return False
+        poll = self._poll
+        if poll is not None:
+            return not poll.poll(0)
         plain = getattr(sock, "_sock", None)  # the OS socket under a plain gevent socket
         if plain is not None and not isinstance(sock, gssl.SSLSocket):
             # one non-blocking peek: nothing to read (alive), or FIN / junk / error (dead)
@@ -346,6 +360,9 @@ class Connection:
                 raise _tls_failure(self.host, self.port, exc, self.client) from None
         sock.settimeout(None)
         self.sock = sock
+        if ctx is None and _OsPoll is not None:
+            self._poll = _OsPoll()
+            self._poll.register(sock.fileno(), _POLL_IN)
         return sock
 
     def ready_socket(self) -> Any:
