@@ -12,7 +12,8 @@ CPU, and prints req/s, CPU in cores and req/s per core. The harness is offered
 Target: harness ≥ 0.95 × bare FastHttpUser req/s per core, the anchor measured in the
 same run; the last line prints the ratio beside both figures and whether the target is
 met. With ``--repeat N`` the pair (bare, then harness) is measured N times against the same
-server and the target is judged on the median ratio, each run's table printed: one run's
+server and the target is judged on the median ratio (the lower middle one for an even N),
+each run's table printed: one run's
 ratio moved between 0.95 and 0.98 in four runs of one hour on this 2-core box, and its
 absolute req/s between ~6,000 and ~10,000 a core. A figure with its conditions, not a pass/fail test (exit 0 either way). The server
 column says which side was the bottleneck: a server near 1.00 core limited the req/s;
@@ -181,51 +182,47 @@ def main() -> int:
                 raise SystemExit("reference server did not become ready")
             time.sleep(0.1)
         warm = (args.duration - args.window) / 2
+
+        def on_gen_cores(cmd: list[str]) -> dict:
+            """One generator's figures over the window (it runs pinned to gen_cores)."""
+            return measure(pinned(cmd, gen_cores), url, warm, args.window, tmp, server.pid)
+
+        bare = tmp / "bare.py"
+        bare.write_text(
+            textwrap.dedent(f"""
+            from locust import FastHttpUser, constant, task
+
+            BODY = {BODY!r}
+
+            class Bare(FastHttpUser):
+                wait_time = constant(0)
+
+                @task
+                def infer(self):
+                    self.client.post("/v2/models/{MODEL}/infer", data=BODY,
+                                     headers={{"Content-Type": "application/json"}})
+        """)
+        )
         for _ in range(max(1, args.repeat)):
             results: dict[str, dict] = {}
-
-            bare = tmp / "bare.py"
-            bare.write_text(
-                textwrap.dedent(f"""
-                from locust import FastHttpUser, constant, task
-
-                BODY = {BODY!r}
-
-                class Bare(FastHttpUser):
-                    wait_time = constant(0)
-
-                    @task
-                    def infer(self):
-                        self.client.post("/v2/models/{MODEL}/infer", data=BODY,
-                                         headers={{"Content-Type": "application/json"}})
-            """)
-            )
-            results["bare FastHttpUser (closed loop)"] = measure(
-                pinned(
-                    [
-                        sys.executable,
-                        "-m",
-                        "locust",
-                        "-f",
-                        str(bare),
-                        "--headless",
-                        "--only-summary",
-                        "-u",
-                        str(args.users),
-                        "-r",
-                        str(args.users),
-                        "-t",
-                        f"{args.duration:.0f}s",
-                        "--host",
-                        url,
-                    ],
-                    gen_cores,
-                ),
-                url,
-                warm,
-                args.window,
-                tmp,
-                server.pid,
+            results["bare FastHttpUser (closed loop)"] = on_gen_cores(
+                [
+                    sys.executable,
+                    "-m",
+                    "locust",
+                    "-f",
+                    str(bare),
+                    "--headless",
+                    "--only-summary",
+                    "-u",
+                    str(args.users),
+                    "-r",
+                    str(args.users),
+                    "-t",
+                    f"{args.duration:.0f}s",
+                    "--host",
+                    url,
+                ],
             )
             rate = max(50.0, args.rate_fraction * results["bare FastHttpUser (closed loop)"]["rps"])
             scenario = tmp / "bench.toml"
@@ -244,33 +241,25 @@ def main() -> int:
                 rate = {rate:.1f}
             """)
             )
-            results[f"harness open loop, integrity on ({rate:.0f} req/s offered)"] = measure(
-                pinned(
-                    [
-                        sys.executable,
-                        "-m",
-                        "locust",
-                        "-f",
-                        str(REPO / "locustfiles" / "inference.py"),
-                        "--headless",
-                        "--only-summary",
-                        "--host",
-                        url,
-                        "--scenario",
-                        str(scenario),
-                        "--out",
-                        str(tmp / "harness-out"),
-                        "--no-sample",
-                        "--model",
-                        MODEL,
-                    ],
-                    gen_cores,
-                ),
-                url,
-                warm,
-                args.window,
-                tmp,
-                server.pid,
+            results[f"harness open loop, integrity on ({rate:.0f} req/s offered)"] = on_gen_cores(
+                [
+                    sys.executable,
+                    "-m",
+                    "locust",
+                    "-f",
+                    str(REPO / "locustfiles" / "inference.py"),
+                    "--headless",
+                    "--only-summary",
+                    "--host",
+                    url,
+                    "--scenario",
+                    str(scenario),
+                    "--out",
+                    str(tmp / "harness-out"),
+                    "--no-sample",
+                    "--model",
+                    MODEL,
+                ],
             )
             if shutil.which("wrk"):
                 lua = tmp / "post.lua"
@@ -278,24 +267,16 @@ def main() -> int:
                     f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
                     'wrk.headers["Content-Type"] = "application/json"\n'
                 )
-                results["wrk (closed loop)"] = measure(
-                    pinned(
-                        [
-                            "wrk",
-                            "-t1",
-                            f"-c{args.users}",
-                            f"-d{args.duration:.0f}s",
-                            "-s",
-                            str(lua),
-                            f"{url}/v2/models/{MODEL}/infer",
-                        ],
-                        gen_cores,
-                    ),
-                    url,
-                    warm,
-                    args.window,
-                    tmp,
-                    server.pid,
+                results["wrk (closed loop)"] = on_gen_cores(
+                    [
+                        "wrk",
+                        "-t1",
+                        f"-c{args.users}",
+                        f"-d{args.duration:.0f}s",
+                        "-s",
+                        str(lua),
+                        f"{url}/v2/models/{MODEL}/infer",
+                    ],
                 )
             runs.append(results)
     finally:

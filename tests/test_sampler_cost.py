@@ -389,12 +389,33 @@ ROUNDS = textwrap.dedent(
 )
 
 
+@pytest.fixture
+def rounds():
+    """The ROUNDS process and its workers' tids."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", ROUNDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield p, [int(x) for x in p.stdout.readline().split()]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _round(p: subprocess.Popen, ms: float) -> None:
+    p.stdin.write(f"{ms}\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "done"
+
+
 def _utime_stime(pid: int, tid: int) -> tuple[int, int]:
     f = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rsplit(b")", 1)[1].split()
     return int(f[11]), int(f[12])
 
 
-def test_rows_of_threads_that_ran_under_a_clock_tick_say_what_their_stat_says(tmp_path) -> None:
+def test_rows_of_threads_that_ran_under_a_clock_tick_say_what_their_stat_says(
+    rounds, tmp_path
+) -> None:
     """Between switch ticks a thread that ran, but not past the next clock tick of its last
     stat read, is not read again: its row's usr and system are still exact (every tick's
     figures, summed, are what /proc says the thread used, read while it is blocked) and
@@ -403,12 +424,9 @@ def test_rows_of_threads_that_ran_under_a_clock_tick_say_what_their_stat_says(tm
 
     if not EXACT_TICKS:
         pytest.skip("this kernel splits on-CPU time from a fresher clock (nohz_full CPUs)")
-    p = subprocess.Popen(
-        [sys.executable, "-c", ROUNDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    p, tids = rounds
     sampler = ProcessSampler(p.pid, tmp_path, switches_every_s=3600.0)
     try:
-        tids = [int(x) for x in p.stdout.readline().split()]
         t0 = time.monotonic()
         sampler.baseline(0.0)
         at_start = {tid: _utime_stime(p.pid, tid) for tid in tids}
@@ -416,9 +434,7 @@ def test_rows_of_threads_that_ran_under_a_clock_tick_say_what_their_stat_says(tm
         skipped = read = 0
         t_prev = 0.0
         for _ in range(24):
-            p.stdin.write("1.5\n")
-            p.stdin.flush()
-            assert p.stdout.readline().strip() == "done"
+            _round(p, 1.5)
             tick = _tick(sampler, t0)
             assert tick is not None and tick.cswch_s is None  # not a switch tick
             rows = {r.tid: r for r in sampler.last_threads}
@@ -446,24 +462,17 @@ def test_rows_of_threads_that_ran_under_a_clock_tick_say_what_their_stat_says(tm
         assert all(sum(v) >= 2 for v in summed.values()), summed
     finally:
         sampler.close()
-        p.kill()
-        p.wait()
 
 
-def test_a_switch_tick_reads_the_cpu_number_of_every_thread_that_ran(tmp_path) -> None:
-    p = subprocess.Popen(
-        [sys.executable, "-c", ROUNDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+def test_a_switch_tick_reads_the_cpu_number_of_every_thread_that_ran(rounds, tmp_path) -> None:
+    p, tids = rounds
     sampler = ProcessSampler(p.pid, tmp_path, switches_every_s=0.35)
     try:
-        tids = [int(x) for x in p.stdout.readline().split()]
         t0 = time.monotonic()
         sampler.baseline(0.0)
         switch_ticks = 0
         for _ in range(8):
-            p.stdin.write("0.5\n")
-            p.stdin.flush()
-            assert p.stdout.readline().strip() == "done"
+            _round(p, 0.5)
             tick = _tick(sampler, t0)
             assert tick is not None
             rows = {r.tid: r for r in sampler.last_threads}
@@ -474,8 +483,6 @@ def test_a_switch_tick_reads_the_cpu_number_of_every_thread_that_ran(tmp_path) -
         assert switch_ticks >= 2
     finally:
         sampler.close()
-        p.kill()
-        p.wait()
     with open(tmp_path / "threads.csv", newline="") as f:
         written = list(csv.DictReader(f))
     assert {r["cpu"] for r in written if int(r["tid"]) in tids} - {""}  # numbers where read
