@@ -270,8 +270,14 @@ class ProcessSampler:
                         task = Task(pid, int(name))
                     opens = files.opens
                     raw = read(task.schedstat) if has_schedstat else None
-                    if quiet and raw is not None and raw == task.sched_raw:
-                        # Did not run, and waited for no CPU, since the last tick: nothing moved.
+                    if (
+                        quiet
+                        and raw is not None
+                        and raw == task.sched_raw
+                        and (not switches or task.processor is not None)
+                    ):
+                        # Did not run, and waited for no CPU, since the last tick: nothing
+                        # moved (a switch tick reads a CPU number a skipped read left unknown)
                         still(task)
                     elif not moved(task, raw, files.opens == opens):
                         ended = True

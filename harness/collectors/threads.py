@@ -249,11 +249,17 @@ class ThreadPass:
             except (ValueError, IndexError):
                 pass
         seen = task.seen
-        if sched and seen and task.run_ns == run_ns and task.pcount == pcount:
+        if (
+            sched
+            and seen
+            and task.run_ns == run_ns
+            and task.pcount == pcount
+            and not (self.switches and (wait_ns != task.wait_ns or task.processor is None))
+        ):
             # Not scheduled in since the last tick: utime, stime and the switch counts
             # cannot have moved, so skip the stat read (run-queue wait is accounted only
             # when a thread is picked, so it may have grown; woken, it may be queued on
-            # another CPU: its number is not known).
+            # another CPU: its number is not known until a switch tick reads it).
             d_u = d_s = d_g = 0
             wait_prev = task.wait_ns
             if wait_ns != wait_prev:
