@@ -81,9 +81,10 @@ def _num(v: float | None) -> str:
 class ThreadRow(NamedTuple):
     """One thread over one interval: the pidstat -t columns (a row of threads.csv).
     ``cswch_s`` / ``nvcswch_s`` are None on a tick that did not read the switch counts;
-    ``cpu`` (the CPU it last ran on) is None when its stat was not read although it was
-    woken since the last read: not scheduled in yet, or, between switch ticks, on CPU for
-    less than the rest of a clock tick (its usr / system figures are exact: 0)."""
+    ``cpu`` (the CPU it last ran on) is None on a tick between switch ticks when its stat
+    was not read although it was woken since the last read: not scheduled in yet, or on
+    CPU for less than the rest of a clock tick (its usr / system figures are exact: 0);
+    a switch tick reads it for every thread."""
 
     t: float
     pid: int
