@@ -2,8 +2,8 @@
 
 Field positions follow proc(5) and sysstat's pidstat.c: in
 ``/proc/PID/task/TID/stat`` utime is field 14, stime 15, num_threads 20, starttime 22,
-processor 39, guest_time 43 — all in clock ticks. The command name is the parenthesised field 2, so we
-need not read ``comm`` separately (pidstat does the same).
+processor 39, guest_time 43 — all in clock ticks but num_threads. The command name is the
+parenthesised field 2, so we need not read ``comm`` separately (pidstat does the same).
 """
 
 from __future__ import annotations

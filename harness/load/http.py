@@ -260,14 +260,14 @@ def _tls_failure(host: str, port: int, exc: Exception, client: Client) -> TLSFai
 
 # An idle keep-alive socket's liveness, asked without waiting: the OS's poll (not gevent's
 # cooperative one, which would yield to the hub) on the socket alone, timeout 0. Any event
-# (readable: a FIN or junk; hang-up; error; a closed fd) means it is not fit to reuse.
-# ~0.6 us a request where a non-blocking MSG_PEEK recv raising BlockingIOError was ~2 us.
+# (readable: a FIN or junk; hang-up; error; a closed fd) means it is not fit to reuse. It
+# raises nothing when all is well, unlike the MSG_PEEK recv kept for systems without poll.
 try:
     _OsPoll: Any = monkey.get_original("select", "poll")
-except AttributeError:  # no poll on this OS: the MSG_PEEK recv below
+    _POLL_IN = _stdlib_select.POLLIN | _stdlib_select.POLLPRI
+except AttributeError:
     _OsPoll = None
 _PEEK_NOW = socket.MSG_PEEK | socket.MSG_DONTWAIT
-_POLL_IN = getattr(_stdlib_select, "POLLIN", 1) | getattr(_stdlib_select, "POLLPRI", 2)
 
 
 class Connection:
