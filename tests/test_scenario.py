@@ -48,13 +48,13 @@ PACKAGED = (
 # The whole quick checklist must fit in ≤ 12 min on 2 cores: load time per scenario (s).
 QUICK_BUDGET_S = {
     "cold_start": 25,
-    "steady_state": 25,  # its healthy and defect cases are proven at 20 s
+    "steady_state": 15,  # its healthy and defect cases are proven at 12 s
     "spike": 40,
     "mixed_priority": 25,  # its two rows are proven at 20 s
     "soak": 45,  # the leak cases and their healthy twins are proven at 40 s
     "contention": 40,  # its two rows are proven at 36 s
     "linearity": 30,  # its two rows are proven at 24 s on 2 cores (docs/detection-repeated.md)
-    "integrity": 25,
+    "integrity": 17,  # its rows are proven at 14 s
     "network": 55,  # --full only (harness.acceptance.FULL_ONLY)
     "freeze": 30,
     "crash_restart": 30,
