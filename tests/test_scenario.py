@@ -50,7 +50,7 @@ QUICK_BUDGET_S = {
     "cold_start": 25,
     "steady_state": 15,  # its healthy and defect cases are proven at 12 s
     "spike": 40,
-    "mixed_priority": 25,  # its two rows are proven at 20 s
+    "mixed_priority": 20,  # its two rows are proven at 15 s
     "soak": 45,  # the leak cases and their healthy twins are proven at 40 s
     "contention": 40,  # its two rows are proven at 36 s
     "linearity": 30,  # its two rows are proven at 24 s on 2 cores (docs/detection-repeated.md)

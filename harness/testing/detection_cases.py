@@ -249,7 +249,7 @@ CASES: tuple[DetectionCase, ...] = (
         locust_args=("--max-in-flight=1024",),
         why="per-level queue bounds admit the high class while the low one is shed, so its "
         "reject rate passes, but a high request waits behind every queued low one: with a "
-        "deep queue (Triton's default is unbounded) that measured 2.1 s at 1.5x against "
+        "deep queue (Triton's default is unbounded) that measured 1.3-1.4 s at 1.5x against "
         "the 500 ms SLO. The client's in-flight cap is raised so that the server's queue, not "
         "the harness's pool, is what fills. It calibrates its own server rather than pin the "
         "session's capacity: pinned at 622 req/s, 1.5x with 1024 requests in flight was more "
