@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -57,24 +58,49 @@ def _worst_tick_delay(work: gevent.Greenlet, span_s: float) -> float:
     return worst
 
 
+ATTEMPTS = 3
+
+
+def _off_loop_delay(spawn: Callable[[int], gevent.Greenlet], span_s: float) -> float:
+    """The worst tick delay beside a fresh ``spawn(attempt)``, the least of up to ATTEMPTS
+    windows (stopping at the first under SLOW_S / 3). A write on the loop stalls it by
+    SLOW_S in every window; a box busy with other work (CI's fast tier runs beside package
+    installs, two tests at a time on 2 cores) can leave a thread off-CPU for a quarter
+    of a second in one window, not in three."""
+    delays = []
+    for attempt in range(ATTEMPTS):
+        delays.append(_worst_tick_delay(spawn(attempt), span_s))
+        if delays[-1] < SLOW_S / 3:
+            break
+    return min(delays)
+
+
 def test_progress_is_written_off_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _slow_disk(monkeypatch)
     monkeypatch.setattr(controller, "PROGRESS_EVERY_S", 0.05)
-    writes = iter(range(3))
-    state = SimpleNamespace(
-        out_dir=tmp_path,
-        progress=lambda: {"elapsed_s": 1.0},
-        _collecting=lambda: next(writes, None) is not None,
-    )
-    worker = gevent.spawn(HarnessState._write_progress, state)
+    workers: list[gevent.Greenlet] = []
+
+    def spawn(attempt: int) -> gevent.Greenlet:
+        (tmp_path / str(attempt)).mkdir()
+        writes = iter(range(3))
+        state = SimpleNamespace(
+            out_dir=tmp_path / str(attempt),
+            progress=lambda: {"elapsed_s": 1.0},
+            _collecting=lambda: next(writes, None) is not None,
+        )
+        workers.append(gevent.spawn(HarnessState._write_progress, state))
+        return workers[-1]
+
     # control, same conditions: the same write on the loop
     control = gevent.spawn(replace_text, tmp_path / "control.json", "{}")
     on_loop = _worst_tick_delay(control, 2 * SLOW_S)
-    off_loop = _worst_tick_delay(worker, 3 * SLOW_S + 0.3)
+    off_loop = _off_loop_delay(spawn, 3 * SLOW_S + 0.3)
     assert on_loop >= 0.8 * SLOW_S, on_loop  # the stall the test exists to catch
     assert off_loop < SLOW_S / 3, (off_loop, on_loop)
-    assert worker.successful(), worker.exception
-    assert json.loads((tmp_path / "progress.json").read_text()) == {"elapsed_s": 1.0}
+    assert all(w.successful() for w in workers), [w.exception for w in workers]
+    for attempt in range(len(workers)):
+        progress = tmp_path / str(attempt) / "progress.json"
+        assert json.loads(progress.read_text()) == {"elapsed_s": 1.0}
 
 
 def _remote_sampler(out: Path) -> RemoteSampler:
@@ -95,17 +121,22 @@ def test_agent_samples_are_copied_off_the_loop(
     appended) on the threadpool it is given; the run's loop stays free meanwhile."""
     _slow_disk(monkeypatch)
     (tmp_path / "on").mkdir()
-    (tmp_path / "off").mkdir()
     control = gevent.spawn(_remote_sampler(tmp_path / "on").fetch)
     on_loop = _worst_tick_delay(control, SLOW_S + 0.2)
-    worker = gevent.spawn(
-        _remote_sampler(tmp_path / "off").fetch, gevent.get_hub().threadpool.apply
-    )
-    off_loop = _worst_tick_delay(worker, SLOW_S + 0.2)
-    assert control.successful() and worker.successful(), (control.exception, worker.exception)
+    workers: list[gevent.Greenlet] = []
+
+    def spawn(attempt: int) -> gevent.Greenlet:
+        (tmp_path / f"off{attempt}").mkdir()
+        fetch = _remote_sampler(tmp_path / f"off{attempt}").fetch
+        workers.append(gevent.spawn(fetch, gevent.get_hub().threadpool.apply))
+        return workers[-1]
+
+    off_loop = _off_loop_delay(spawn, SLOW_S + 0.2)
+    assert control.successful(), control.exception
+    assert all(w.successful() for w in workers), [w.exception for w in workers]
     assert on_loop >= 0.8 * SLOW_S, on_loop
     assert off_loop < SLOW_S / 3, (off_loop, on_loop)
-    for side in ("on", "off"):
+    for side in ["on", *(f"off{attempt}" for attempt in range(len(workers)))]:
         meta = json.loads((tmp_path / side / "sampler.json").read_text())
         assert meta["agent"] == {"host": "h"}, meta
         assert (tmp_path / side / "process.csv").read_bytes() == b"t,x\n1,2\n"
@@ -123,17 +154,26 @@ def test_partial_results_are_serialised_and_written_off_the_loop(
     monkeypatch.setattr(controller, "WRITE_EVERY_S", 0.05)
     doc = {"schema": "x/1", "rows": [{"t": i / 4, "p99_ms": 1.5 * i} for i in range(2000)]}
     monkeypatch.setattr(finalisation, "build_document", lambda state, partial, samples: doc)
-    writes = iter(range(3))
-    state = SimpleNamespace(out_dir=tmp_path, _collecting=lambda: next(writes, None) is not None)
-    worker = gevent.spawn(HarnessState._write_periodically, state)
     control = gevent.spawn(results.write_document, tmp_path / "control.json", doc)
     on_loop = _worst_tick_delay(control, SLOW_S + 0.2)
-    off_loop = _worst_tick_delay(worker, 2 * SLOW_S + 0.3)
+    workers: list[gevent.Greenlet] = []
+
+    def spawn(attempt: int) -> gevent.Greenlet:
+        (tmp_path / str(attempt)).mkdir()
+        writes = iter(range(3))
+        state = SimpleNamespace(
+            out_dir=tmp_path / str(attempt), _collecting=lambda: next(writes, None) is not None
+        )
+        workers.append(gevent.spawn(HarnessState._write_periodically, state))
+        return workers[-1]
+
+    off_loop = _off_loop_delay(spawn, 2 * SLOW_S + 0.3)
     assert on_loop >= 0.8 * SLOW_S, on_loop
     assert off_loop < SLOW_S / 3, (off_loop, on_loop)
-    assert worker.successful(), worker.exception
-    written = (tmp_path / "results.json").read_text()
-    assert written == (tmp_path / "control.json").read_text() == results.dumps(doc)
+    assert all(w.successful() for w in workers), [w.exception for w in workers]
+    for attempt in range(len(workers)):
+        written = (tmp_path / str(attempt) / "results.json").read_text()
+        assert written == (tmp_path / "control.json").read_text() == results.dumps(doc)
 
 
 def test_a_partial_write_still_going_never_lands_after_the_final_one(
