@@ -51,7 +51,7 @@ QUICK_BUDGET_S = {
     "steady_state": 15,  # its healthy and defect cases are proven at 12 s
     "spike": 40,
     "mixed_priority": 20,  # its two rows are proven at 15 s
-    "soak": 45,  # the leak cases and their healthy twins are proven at 40 s
+    "soak": 35,  # the leak cases and their healthy twins are proven at 30 s
     "contention": 40,  # its two rows are proven at 36 s
     "linearity": 30,  # its two rows are proven at 24 s on 2 cores (docs/detection-repeated.md)
     "integrity": 17,  # its rows are proven at 14 s

@@ -347,11 +347,12 @@ CASES: tuple[DetectionCase, ...] = (
         per_min=5 * MIB,
         per_min_kind="bytes",
         pin_capacity=True,
-        duration_s=40,
+        duration_s=30,
         why="a per-request leak sized to 5 MiB/min at 0.6x of the healthy capacity "
-        "(threshold 2.5 MiB/min; measured 6.2 with a 75 s soak, CI ±0.1); 40 s keeps 30 s "
-        "after the warm-up quarter, 20 buckets for the slope CI: measured +6.11 to +6.70 "
-        "in three runs, its healthy twin +0.08 to +0.10; an earlier three read +6.03 to "
+        "(threshold 2.5 MiB/min; measured 6.2 with a 75 s soak, CI ±0.1); 30 s keeps 22 s "
+        "after the warm-up quarter, 21 medians of 1.05 s for the slope CI: measured +6.41 "
+        "to +6.96 in three runs, its healthy twin +0.08 to +0.75 (90 % CI upper bounds "
+        "0.23-0.90); at 40 s +6.11 to +6.70, twins +0.08 to +0.10; an earlier three read +6.03 to "
         "+6.18, their twins up to +1.13 — the allocator settling after start-up, inside "
         "the judged span, which kept this row at 60 s while the threshold was 1 MiB/min",
     ),
