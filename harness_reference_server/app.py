@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -253,7 +254,23 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
     state = ServerState(config, clock)
     model = state.model
     metrics = state.metrics
-    dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+    ascii_dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+
+    def encode(doc: dict[str, Any]) -> bytes:
+        """The answer as compact UTF-8 JSON, the values the standard library's encoder writes.
+
+        orjson writes it when it can (an exponent comes out as ``1e-9`` where the standard
+        library writes ``1e-09``: the same number). What orjson refuses goes to the
+        standard library with non-ASCII escaped: an id with a lone surrogate (which a
+        request can carry as an escape) is echoed as that escape, an integer beyond 64 bits
+        as its digits. The documents encoded here hold no float but model outputs
+        ``infer_response`` checked finite (orjson would write NaN as null).
+        """
+        try:
+            return orjson.dumps(doc)
+        except orjson.JSONEncodeError:
+            return ascii_dumps(doc).encode()
+
     retry_after = [(b"retry-after", str(config.retry_after_s).encode())]
 
     def unknown_model(name: str) -> JSONResponse:
@@ -317,13 +334,13 @@ def create_app(config: ServerConfig, clock: Callable[[], float] = time.monotonic
         metrics.received.inc()
         try:
             outcome, reason, status, doc, headers = await _infer(name, scope, receive)
-            body = dumps(doc).encode()
+            body = encode(doc)
         except Exception as exc:  # never leave a request without an answer
             log.exception("inference request failed")
             outcome, reason, status, doc, headers = _fail(
                 "failed", "model_error", 500, f"internal error: {type(exc).__name__}: {exc}"
             )
-            body = dumps(doc).encode()
+            body = encode(doc)
         metrics.answered(outcome, reason, clock() - t0)
         await send(
             {

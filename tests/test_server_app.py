@@ -121,6 +121,23 @@ def test_infer_without_id_and_with_nested_data_and_outputs() -> None:
         assert r.json()["outputs"][0]["shape"] == [2, 4]
 
 
+def test_answers_carry_the_outputs_bit_for_bit_and_echo_any_id() -> None:
+    """The answer's numbers are the model's float32 outputs exactly (small magnitudes
+    included, whose exponents the encoders write differently), and an id with a lone
+    surrogate, which a request can carry as an escape, comes back as that id."""
+    rows = [[v * 1e-7 for v in ROW], [v * 1e7 for v in ROW]]
+    with client() as c:
+        r = c.post(INFER, content=infer_body(rows, request_id="req-\u00e9"))
+        assert r.status_code == 200, r.text
+        got = r.json()["outputs"][0]["data"]
+        assert got == expected_sim(rows).reshape(-1).tolist()
+        assert r.json()["id"] == "req-\u00e9"
+        body = infer_body(rows).replace(b'"inputs"', b'"id":"x\\ud800","inputs"', 1)
+        r = c.post(INFER, content=body)
+        assert r.status_code == 200, r.text
+        assert json.loads(r.content)["id"] == "x\ud800"
+
+
 def test_versioned_infer_route() -> None:
     with client() as c:
         assert (
