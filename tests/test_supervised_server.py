@@ -117,3 +117,22 @@ def test_crash_restart_of_an_attached_server_waits_for_its_supervisor(tmp_path) 
     finally:
         os.killpg(loop.pid, signal.SIGKILL)  # the loop and the server it started
         loop.wait()
+
+
+def test_an_attached_server_meets_the_kill_after_every_other_scenario() -> None:
+    """Killed, a server started by hand stays dead: moved last, the kill costs only its own
+    scenario, not the soak after it. A server the harness starts keeps the checklist's order."""
+    from harness.acceptance.plan import CHECKLIST, kills_last
+
+    attached = kills_last(CHECKLIST, attached=True)
+    assert attached[-1] == "crash_restart"
+    assert sorted(attached) == sorted(CHECKLIST)
+    assert [s for s in attached if s != "crash_restart"] == [
+        s for s in CHECKLIST if s != "crash_restart"
+    ]
+    assert CHECKLIST.index("soak") > CHECKLIST.index("crash_restart")  # what this changes
+    assert kills_last(CHECKLIST, attached=False) == CHECKLIST
+    assert kills_last(("crash_restart", "steady_state"), attached=True) == (
+        "steady_state",
+        "crash_restart",
+    )

@@ -216,6 +216,8 @@ def make_plan(request: PlanRequest, show: Callable[[str], None] = print) -> Plan
         allow_skip=tuple(allow_skip),
     )
     plan = without_unsupported(plan, single=r.single)
+    attached = target.sut_cmd is None and target.sut_pid is not None
+    plan = replace(plan, scenarios=kills_last(plan.scenarios, attached))
     if r.capacity == "peak":
         plan = with_peak_capacity(plan, r.capacity_slo_p99_ms, r.sut_cores, show)
     return plan
@@ -327,6 +329,22 @@ def resolve_scenarios(names: Sequence[str]) -> tuple[str, ...]:
     for n in names:
         load_scenario(n, mode="quick")
     return tuple(names)
+
+
+def kills_last(scenarios: tuple[str, ...], attached: bool) -> tuple[str, ...]:
+    """The scenarios in order, those with a kill event moved after every other one when the
+    server is attached by pid (the harness did not start it).
+
+    Killed, an attached server comes back only if its supervisor restarts it; a server
+    started by hand stays dead, and every scenario after the kill would find no server.
+    Moved last, the kill costs only its own scenario. A server the harness starts is
+    restarted by the harness: its order is kept."""
+    if not attached or len(scenarios) < 2:
+        return scenarios
+    from harness.load.scenario import load_scenario
+
+    kills = {s for s in scenarios if any(e.action == "kill" for e in load_scenario(s).chaos)}
+    return tuple(s for s in scenarios if s not in kills) + tuple(s for s in scenarios if s in kills)
 
 
 def without_unsupported(plan: Plan, single: bool) -> Plan:
